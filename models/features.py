@@ -1,0 +1,49 @@
+"""From text to engine inputs: the MiniLM fast tokenizer and dynamic padding.
+
+Shared by the model builder, the parity check, the tokenizer service (tokenize) and the runners
+(pad): one definition of what the engines are fed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+
+from models.contracts import MAX_SEQ_LEN
+
+Feeds = dict[str, np.ndarray]
+
+
+def load_tokenizer(tokenizer_json: Path, max_len: int = MAX_SEQ_LEN):
+    """The fast WordPiece tokenizer, with the fixed-128 padding of MiniLM's tokenizer.json removed.
+
+    That file pads every sequence to 128 and truncates at 128; left as is, every embedding is
+    computed over 128 positions (slow) and longer texts are silently cut short of the model's limit.
+    """
+    from tokenizers import Tokenizer
+
+    tokenizer = Tokenizer.from_file(str(tokenizer_json))
+    tokenizer.no_padding()
+    tokenizer.enable_truncation(max_len)
+    return tokenizer
+
+
+def tokenize(tokenizer, texts: Sequence[str]) -> list[list[int]]:
+    return [encoding.ids for encoding in tokenizer.encode_batch(list(texts))]
+
+
+def pad(sequences: Sequence[Sequence[int]], pad_id: int = 0) -> Feeds:
+    """Pad to the longest sequence of this batch (dynamic padding), single-segment inputs."""
+    width = max(len(s) for s in sequences)
+    input_ids = np.full((len(sequences), width), pad_id, dtype=np.int64)
+    attention_mask = np.zeros((len(sequences), width), dtype=np.int64)
+    for row, seq in enumerate(sequences):
+        input_ids[row, : len(seq)] = seq
+        attention_mask[row, : len(seq)] = 1
+    return {
+        "input_ids": input_ids,
+        "attention_mask": attention_mask,
+        "token_type_ids": np.zeros_like(input_ids),
+    }

@@ -1,0 +1,77 @@
+"""Prometheus metrics of the batching core, exported on each runner's /metrics.
+
+``bentoml.metrics`` (not bare prometheus_client) so that values from every worker process are
+aggregated by BentoML's multiprocess collector.
+"""
+
+from __future__ import annotations
+
+import bentoml
+
+from runners.batching.core import NullRecorder
+
+_LABELS = ["runner", "model"]
+
+BATCH_ROWS = bentoml.metrics.Histogram(
+    name="bundle_batch_rows",
+    documentation="Sequences per engine call",
+    labelnames=_LABELS,
+    buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256),
+)
+BATCH_PADDED_TOKENS = bentoml.metrics.Histogram(
+    name="bundle_batch_padded_tokens",
+    documentation="Padded tokens (rows x longest row) per engine call",
+    labelnames=_LABELS,
+    buckets=(16, 64, 128, 256, 512, 1024, 2048, 4096, 8192),
+)
+PADDING_EFFICIENCY = bentoml.metrics.Histogram(
+    name="bundle_padding_efficiency",
+    documentation="Real tokens / padded tokens per engine call (1 = no padding)",
+    labelnames=_LABELS,
+    buckets=(0.25, 0.5, 0.6, 0.7, 0.8, 0.85, 0.9, 0.95, 0.98, 1.0),
+)
+QUEUE_SECONDS = bentoml.metrics.Histogram(
+    name="bundle_queue_seconds",
+    documentation="Time a request waited before its batch round started",
+    labelnames=_LABELS,
+    buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5),
+)
+ENGINE_SECONDS = bentoml.metrics.Histogram(
+    name="bundle_engine_seconds",
+    documentation="Engine time per call",
+    labelnames=_LABELS,
+    buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5),
+)
+SHED = bentoml.metrics.Counter(
+    name="bundle_shed_requests",
+    documentation="Requests refused instead of queued (reason: queue_full, deadline)",
+    labelnames=[*_LABELS, "reason"],
+)
+QUEUED_TOKENS = bentoml.metrics.Gauge(
+    name="bundle_queued_tokens",
+    documentation="Tokens waiting in the queue",
+    labelnames=_LABELS,
+    multiprocess_mode="livesum",
+)
+
+
+class Recorder(NullRecorder):
+    """Writes one batcher's observations to the metrics above, under fixed labels."""
+
+    def __init__(self, runner: str, model: str) -> None:
+        self.labels = {"runner": runner, "model": model}
+
+    def engine_call(self, rows: int, padded: int, real: int, seconds: float) -> None:
+        BATCH_ROWS.labels(**self.labels).observe(rows)
+        BATCH_PADDED_TOKENS.labels(**self.labels).observe(padded)
+        PADDING_EFFICIENCY.labels(**self.labels).observe(real / padded)
+        ENGINE_SECONDS.labels(**self.labels).observe(seconds)
+
+    def queued(self, seconds: float) -> None:
+        QUEUE_SECONDS.labels(**self.labels).observe(seconds)
+
+    def shed(self, reason: str) -> None:
+        SHED.labels(**self.labels, reason=reason).inc()
+
+    def queue_depth(self, tokens: int) -> None:
+        QUEUED_TOKENS.labels(**self.labels).set(tokens)

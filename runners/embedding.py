@@ -1,0 +1,50 @@
+"""What both embedding runners (ONNX, TF) do around their engines: batchers, warm-up, the API body."""
+
+from __future__ import annotations
+
+import time
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from models.features import pad
+from runners.batching import Batcher, Policy
+from runners.batching.core import Engine
+from runners.batching.metrics import Recorder
+from runners.protocol import EmbedResult, timing_headers
+
+
+def calibrate(engine: Engine, rows: int = 16, length: int = 32) -> float:
+    """Warm the engine up and measure its speed (tokens/s), the admission estimate's first value."""
+    feeds = pad([[101] + [1000] * (length - 2) + [102]] * rows)
+    engine(feeds)  # first call: allocations, kernel selection
+    started = time.perf_counter()
+    for _ in range(2):
+        engine(feeds)
+    return 2 * rows * length / (time.perf_counter() - started)
+
+
+def batchers(runner: str, engines: dict[str, Engine], policy: Policy) -> dict[str, Batcher]:
+    """One batcher per model, all sharing one engine thread: calls never overlap on the cores."""
+    executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"{runner}-engine")
+    return {
+        name: Batcher(
+            engine,
+            policy,
+            executor=executor,
+            recorder=Recorder(runner, name),
+            tokens_per_s=calibrate(engine),
+        )
+        for name, engine in engines.items()
+    }
+
+
+async def embed(batcher: Batcher, ids: list[list[int]], ctx: Any) -> EmbedResult:
+    rows, timing = await batcher.submit(ids)
+    queue_ms, inference_ms = timing.queue_s * 1000, timing.inference_s * 1000
+    ctx.response.headers.update(timing_headers(queue_ms, inference_ms))
+    return EmbedResult(
+        embeddings=rows,
+        queue_ms=queue_ms,
+        inference_ms=inference_ms,
+        engine_calls=timing.engine_calls,
+    )

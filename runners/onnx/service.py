@@ -1,0 +1,46 @@
+"""The ONNX Runtime runner: MiniLM fp32 and int8, each batched by the shared core."""
+
+from __future__ import annotations
+
+import bentoml
+
+from models import contracts
+from runners import embedding
+from runners.batching.errors import replies_on_overload
+from runners.onnx.settings import OnnxRunnerSettings
+from runners.protocol import EmbedResult, TokenIds, Variant
+from runners.tf_serving import current_servables, predict_app
+
+SETTINGS = OnnxRunnerSettings()
+
+
+@bentoml.asgi_app(predict_app(current_servables), path="/v1")
+@bentoml.service(name="onnx_runner", **SETTINGS.service_config())
+class OnnxRunner:
+    fp32 = bentoml.models.BentoModel(SETTINGS.fp32_model)
+    int8 = bentoml.models.BentoModel(SETTINGS.int8_model)
+
+    def __init__(self) -> None:
+        from runners.onnx.engine import OnnxEngine
+
+        engines = {
+            variant: OnnxEngine(
+                ref.path_of("model.onnx"),
+                contracts.SENTENCE_EMBEDDING,
+                threads=SETTINGS.threads,
+                providers=SETTINGS.providers,
+                name=str(ref.tag),
+            )
+            for variant, ref in (("fp32", self.fp32), ("int8", self.int8))
+        }
+        self.batchers = embedding.batchers("onnx_runner", engines, SETTINGS.policy)
+        # TF Serving names for the same models (POST /v1/models/{name}:predict).
+        self.servables = {"minilm": self.batchers["fp32"], "minilm-int8": self.batchers["int8"]}
+
+    @bentoml.api
+    @replies_on_overload
+    async def embed(
+        self, ids: TokenIds, ctx: bentoml.Context, variant: Variant = "fp32"
+    ) -> EmbedResult:
+        """Sentence embeddings for token-id sequences (rows in order), batched with other callers."""
+        return await embedding.embed(self.batchers[variant], ids, ctx)

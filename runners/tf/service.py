@@ -1,0 +1,38 @@
+"""The TensorFlow runner: MiniLM as a SavedModel (serving_default), batched by the shared core."""
+
+from __future__ import annotations
+
+import bentoml
+
+from models import contracts
+from runners import embedding
+from runners.batching.errors import replies_on_overload
+from runners.protocol import EmbedResult, TokenIds
+from runners.tf.settings import TFRunnerSettings
+from runners.tf_serving import current_servables, predict_app
+
+SETTINGS = TFRunnerSettings()
+
+
+@bentoml.asgi_app(predict_app(current_servables), path="/v1")
+@bentoml.service(name="tf_runner", **SETTINGS.service_config())
+class TFRunner:
+    model = bentoml.models.BentoModel(SETTINGS.model)
+
+    def __init__(self) -> None:
+        from runners.tf.engine import TFEngine
+
+        engine = TFEngine(
+            self.model.path_of("saved_model"),
+            contracts.SENTENCE_EMBEDDING,
+            threads=SETTINGS.threads,
+            name=str(self.model.tag),
+        )
+        self.batchers = embedding.batchers("tf_runner", {"tf": engine}, SETTINGS.policy)
+        self.servables = {"minilm": self.batchers["tf"]}
+
+    @bentoml.api
+    @replies_on_overload
+    async def embed(self, ids: TokenIds, ctx: bentoml.Context) -> EmbedResult:
+        """Sentence embeddings for token-id sequences (rows in order), batched with other callers."""
+        return await embedding.embed(self.batchers["tf"], ids, ctx)

@@ -1,0 +1,90 @@
+"""Calls to the runners: backend routing, a retry on dead connections, overload passed through."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import aiohttp
+import numpy as np
+from bentoml.exceptions import BentoMLException
+
+from runners.batching import Overloaded
+from services.tokenizer.coalesce import Coalescer, Embedded
+from services.tokenizer.settings import Backend
+
+
+class RunnerUnavailable(Overloaded):
+    def __init__(self, runner: str, why: str) -> None:
+        super().__init__(503, 1, f"{runner} is unavailable ({why}); retry shortly")
+
+
+async def _call(runner: str, send: Callable[[], Awaitable[Any]]) -> Any:
+    # A keep-alive connection the runner has just closed (restart, idle timeout) fails at once;
+    # inference is idempotent, so one retry on a fresh connection is safe.
+    for attempt in (1, 2):
+        try:
+            return await send()
+        except (aiohttp.ClientConnectionError, TimeoutError) as exc:
+            if attempt == 2:
+                raise RunnerUnavailable(runner, type(exc).__name__) from exc
+        except BentoMLException as exc:
+            status = int(exc.error_code)
+            if status in (429, 503):
+                raise Overloaded(
+                    status, _retry_after(str(exc)), f"{runner}: {_reason(str(exc))}"
+                ) from exc
+            raise
+    raise AssertionError("unreachable")
+
+
+def _body(text: str) -> dict[str, Any]:
+    try:
+        body = json.loads(text)
+    except ValueError:
+        return {}
+    return body if isinstance(body, dict) else {}
+
+
+def _retry_after(text: str) -> float:
+    return float(_body(text).get("retry_after", 1))
+
+
+def _reason(text: str) -> str:
+    return str(_body(text).get("error", text[:200]))
+
+
+def _field(result: Any, name: str) -> Any:
+    # Typed proxies (same graph, pickle) return the model; URL proxies (JSON) return a dict.
+    return result[name] if isinstance(result, dict) else getattr(result, name)
+
+
+def _embedded(result: Any) -> Embedded:
+    return Embedded(
+        vectors=np.asarray(_field(result, "embeddings"), dtype=np.float32),
+        queue_ms=float(_field(result, "queue_ms")),
+        inference_ms=float(_field(result, "inference_ms")),
+    )
+
+
+class Runners:
+    """One coalescer per backend in front of the runner dependencies."""
+
+    def __init__(self, onnx: Any, tf: Any, inflight: int = 2) -> None:
+        async def onnx_call(variant: str, ids: list[list[int]]) -> Embedded:
+            return _embedded(
+                await _call("onnx_runner", lambda: onnx.to_async.embed(ids=ids, variant=variant))
+            )
+
+        async def tf_call(ids: list[list[int]]) -> Embedded:
+            return _embedded(await _call("tf_runner", lambda: tf.to_async.embed(ids=ids)))
+
+        self.backends: dict[Backend, Coalescer] = {
+            "onnx": Coalescer(lambda ids: onnx_call("fp32", ids), max_inflight=inflight),
+            "onnx-int8": Coalescer(lambda ids: onnx_call("int8", ids), max_inflight=inflight),
+            "tf": Coalescer(tf_call, max_inflight=inflight),
+        }
+
+    async def embed(self, backend: Backend, ids: list[list[int]]) -> Embedded:
+        return await self.backends[backend].embed(ids)

@@ -1,0 +1,76 @@
+"""The public JSON contract. Limits come from the settings; unknown fields are refused (400)."""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, FiniteFloat, StringConstraints
+
+from services.tokenizer.settings import Backend, TokenizerSettings
+
+SETTINGS = TokenizerSettings()
+
+# A text to embed must say something: empty or blank strings are refused, not embedded as [CLS][SEP].
+Text = Annotated[str, StringConstraints(min_length=1, max_length=SETTINGS.max_chars, pattern=r"\S")]
+# Tokenizing an empty string is meaningful (it gives the special tokens), so only length is limited.
+AnyText = Annotated[str, StringConstraints(max_length=SETTINGS.max_chars)]
+
+
+class Request(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class EmbedRequest(Request):
+    texts: list[Text] = Field(
+        min_length=1, max_length=SETTINGS.max_texts, description="Texts to embed."
+    )
+    backend: Backend = Field("onnx", description="onnx (fp32), onnx-int8, or tf.")
+
+
+class EmbedResponse(BaseModel):
+    embeddings: list[list[float]] = Field(
+        description="One L2-normalised 384-float vector per text, in order."
+    )
+    backend: Backend
+    tokens: list[int] = Field(
+        description="Word pieces per text after truncation, [CLS] and [SEP] included."
+    )
+
+
+class SimilarityRequest(Request):
+    pairs: list[tuple[Text, Text]] = Field(
+        min_length=1, max_length=SETTINGS.max_pairs, description="Text pairs."
+    )
+    threshold: Annotated[FiniteFloat, Field(ge=-1, le=1)] | None = Field(
+        None, description="When given, labels[i] = 1 if scores[i] >= threshold else 0."
+    )
+    backend: Backend = Field(SETTINGS.default_backend, description="onnx (fp32), onnx-int8, or tf.")
+
+
+class SimilarityResponse(BaseModel):
+    scores: list[float] = Field(description="Cosine similarity of each pair's MiniLM embeddings.")
+    labels: list[Literal[0, 1]] | None = Field(
+        None, description="Present when a threshold was given."
+    )
+
+
+class TokenizeRequest(Request):
+    texts: list[AnyText] = Field(min_length=1, max_length=SETTINGS.max_texts)
+    tokenizer: Literal["minilm", "sentencepiece"] = Field(
+        "minilm",
+        description="minilm: MiniLM's WordPiece (with [CLS]/[SEP]); sentencepiece: the project's unigram model.",
+    )
+
+
+class TokenizeResponse(BaseModel):
+    ids: list[list[int]]
+
+
+class InferenceRequest(Request):
+    """Seed 003's contract, kept as it was."""
+
+    input_text: Text
+
+
+class InferenceResponse(BaseModel):
+    outputs: list[float] = Field(description="The sentence embedding of input_text.")

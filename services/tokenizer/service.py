@@ -1,0 +1,118 @@
+"""The tokenizer service: the public entry (port 3000).
+
+Validates input, tokenizes (pre), sends token ids to a runner and awaits it while serving other
+requests (core), and turns embeddings into the answer (post): vectors, cosine scores, labels.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import bentoml
+import numpy as np
+
+from runners.batching import replies_on_overload
+from runners.protocol import timing_headers
+from services.tokenizer.runner_client import Embedded, Runners
+from services.tokenizer.schemas import (
+    SETTINGS,
+    EmbedRequest,
+    EmbedResponse,
+    InferenceRequest,
+    InferenceResponse,
+    SimilarityRequest,
+    SimilarityResponse,
+    TokenizeRequest,
+    TokenizeResponse,
+)
+from services.tokenizer.settings import Backend
+
+
+def _runner(url: str | None, service_path: str) -> Any:
+    """A runner in the same `bentoml serve` graph, or one reached by URL (one container each).
+
+    With a URL the runner's class is not even imported, so a tokenizer-only bento carries
+    neither the runner's code path nor its models.
+    """
+    if url:
+        return bentoml.depends(url=url)
+    module, name = service_path.split(":")
+    return bentoml.depends(getattr(__import__(module, fromlist=[name]), name))
+
+
+@bentoml.service(
+    name="tokenizer", workers=SETTINGS.workers, traffic={"timeout": SETTINGS.timeout_s}
+)
+class Tokenizer:
+    onnx_runner = _runner(SETTINGS.onnx_url, "runners.onnx.service:OnnxRunner")
+    tf_runner = _runner(SETTINGS.tf_url, "runners.tf.service:TFRunner")
+    wordpiece = bentoml.models.BentoModel(SETTINGS.wordpiece_model)
+    sentencepiece = bentoml.models.BentoModel(SETTINGS.sentencepiece_model)
+
+    def __init__(self) -> None:
+        from services.tokenizer.text import Tokenizers
+
+        self.text = Tokenizers(
+            self.wordpiece.path_of("tokenizer.json"), self.sentencepiece.path_of("spiece.model")
+        )
+        self.runners = Runners(self.onnx_runner, self.tf_runner, SETTINGS.runner_inflight)
+
+    async def _embed(
+        self, texts: list[str], backend: Backend, ctx: bentoml.Context
+    ) -> tuple[Embedded, list[list[int]]]:
+        started = time.perf_counter()
+        ids = await self.text.run(self.text.minilm, texts)
+        tokenized = time.perf_counter()
+        embedded = await self.runners.embed(backend, ids)
+        ctx.response.headers.update(
+            {
+                "X-Tokenization-Time": f"{(tokenized - started) * 1000:.2f}",
+                **timing_headers(embedded.queue_ms, embedded.inference_ms),
+                "X-Total-Time": f"{(time.perf_counter() - started) * 1000:.2f}",
+            }
+        )
+        return embedded, ids
+
+    @bentoml.api
+    @replies_on_overload
+    async def embed(self, request: EmbedRequest, /, ctx: bentoml.Context) -> EmbedResponse:
+        """Sentence embeddings (384 floats, L2-normalised) for each text, in order."""
+        embedded, ids = await self._embed(request.texts, request.backend, ctx)
+        return EmbedResponse(
+            embeddings=embedded.vectors.tolist(),
+            backend=request.backend,
+            tokens=[len(i) for i in ids],
+        )
+
+    @bentoml.api
+    @replies_on_overload
+    async def similarity(
+        self, request: SimilarityRequest, /, ctx: bentoml.Context
+    ) -> SimilarityResponse:
+        """Cosine similarity of each pair (STS-style); with a threshold, 0/1 labels too."""
+        texts = list(dict.fromkeys(t for pair in request.pairs for t in pair))
+        embedded, _ = await self._embed(texts, request.backend, ctx)
+        index = {t: i for i, t in enumerate(texts)}
+        a = embedded.vectors[[index[p[0]] for p in request.pairs]]
+        b = embedded.vectors[[index[p[1]] for p in request.pairs]]
+        scores = np.sum(a * b, axis=1) / (np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1))
+        labels = (
+            None if request.threshold is None else [int(s >= request.threshold) for s in scores]
+        )
+        return SimilarityResponse(scores=scores.tolist(), labels=labels)
+
+    @bentoml.api
+    async def tokenize(self, request: TokenizeRequest, /) -> TokenizeResponse:
+        """Token ids per text: MiniLM's WordPiece (default) or the SentencePiece model."""
+        encode = self.text.minilm if request.tokenizer == "minilm" else self.text.sentencepiece
+        return TokenizeResponse(ids=await self.text.run(encode, request.texts))
+
+    @bentoml.api
+    @replies_on_overload
+    async def inference(
+        self, request: InferenceRequest, /, ctx: bentoml.Context
+    ) -> InferenceResponse:
+        """Seed 003's contract: {"input_text": str} -> {"outputs": [float]} (the sentence embedding)."""
+        embedded, _ = await self._embed([request.input_text], SETTINGS.default_backend, ctx)
+        return InferenceResponse(outputs=embedded.vectors[0].tolist())

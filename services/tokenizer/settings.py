@@ -1,0 +1,50 @@
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from models import contracts
+
+Backend = Literal["onnx", "onnx-int8", "tf"]
+
+
+class TokenizerSettings(BaseSettings):
+    """The public tokenizer service. Environment overrides: BUNDLE_TOKENIZER_<FIELD>."""
+
+    model_config = SettingsConfigDict(env_prefix="BUNDLE_TOKENIZER_")
+
+    workers: int = Field(
+        1, ge=1, description="Worker processes. One event loop keeps up with two engine cores here."
+    )
+    timeout_s: float = Field(30.0, gt=0, description="BentoML traffic timeout for one request.")
+    max_texts: int = Field(256, ge=1, description="Texts per /embed or /tokenize request.")
+    max_pairs: int = Field(128, ge=1, description="Pairs per /similarity request.")
+    max_chars: int = Field(
+        10_000,
+        ge=1,
+        description="Characters per text. Longer inputs get 400; tokens beyond the model's limit are truncated.",
+    )
+    runner_inflight: int = Field(
+        2,
+        ge=1,
+        description="Calls in flight per backend; requests arriving meanwhile are merged into the next call.",
+    )
+    default_backend: Backend = Field(
+        "onnx", description="Backend for /similarity and /inference when none is given."
+    )
+    wordpiece_model: str = Field(
+        f"{contracts.TOKENIZER}:latest", description="MiniLM fast tokenizer (model store tag)."
+    )
+    sentencepiece_model: str = Field(
+        f"{contracts.SENTENCEPIECE}:latest", description="SentencePiece model (model store tag)."
+    )
+    onnx_url: str | None = Field(
+        None,
+        description="Reach the ONNX runner at this URL (one container per service). Unset: the runner is a "
+        "dependency in the same `bentoml serve` graph.",
+    )
+    tf_url: str | None = Field(
+        None, description="Reach the TF runner at this URL; unset: same graph."
+    )

@@ -1,0 +1,38 @@
+"""The 'pre' stage: text to token ids, with MiniLM's WordPiece or the SentencePiece model."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from models.contracts import MAX_SEQ_LEN
+from models.features import load_tokenizer, tokenize
+
+# Below this many characters a request is tokenized on the event loop: a thread hop would cost more
+# than the work. Above it (long texts, big batches), in a thread, so other requests keep flowing.
+INLINE_CHARS = 8192
+
+
+class Tokenizers:
+    def __init__(
+        self, wordpiece_json: Path, sentencepiece_model: Path, max_len: int = MAX_SEQ_LEN
+    ) -> None:
+        import sentencepiece
+
+        self.wordpiece = load_tokenizer(wordpiece_json, max_len)
+        self.spm = sentencepiece.SentencePieceProcessor(model_file=str(sentencepiece_model))
+
+    def minilm(self, texts: Sequence[str]) -> list[list[int]]:
+        return tokenize(self.wordpiece, texts)
+
+    def sentencepiece(self, texts: Sequence[str]) -> list[list[int]]:
+        # sentencepiece itself, not the transformers tokenizer stored beside it: the reference.
+        return self.spm.encode(list(texts))
+
+    async def run(
+        self, encode: Callable[[Sequence[str]], list[list[int]]], texts: Sequence[str]
+    ) -> list[list[int]]:
+        if sum(len(t) for t in texts) <= INLINE_CHARS:
+            return encode(texts)
+        return await asyncio.to_thread(encode, texts)

@@ -1,0 +1,31 @@
+"""Real servers: `bentoml serve` on a free 127.0.0.1 port, awaited by readiness, stopped by PID."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from loadtests.processes import ROOT, bentoml_serve
+
+LOGS = ROOT / "build" / "test-logs"
+
+
+@pytest.fixture(scope="session")
+def graph() -> Iterator[str]:
+    """The whole graph (tokenizer + ONNX + TF runners) as `make serve` runs it."""
+    server = bentoml_serve(".", LOGS / "graph.log")
+    with server:
+        yield server.url
+
+
+@pytest.fixture(scope="session")
+def client(graph: str) -> Iterator[httpx.Client]:
+    with httpx.Client(base_url=graph, timeout=60) as c:
+        yield c
+
+
+def log_path(name: str) -> Path:
+    return LOGS / name

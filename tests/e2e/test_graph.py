@@ -1,0 +1,217 @@
+"""The public contract of the whole graph, through a real `bentoml serve`."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import re
+
+import httpx
+import numpy as np
+import pytest
+import sentencepiece
+
+from models import contracts, corpus, store
+from models.features import load_tokenizer, pad, tokenize
+
+KNOWN = ("A man is eating food.", "A man is eating a piece of bread.")
+MIXED = [
+    "hi",
+    "A man is eating food.",
+    "The quick brown fox jumps over the lazy dog near the bank of the river, while the farmer watches.",
+    *corpus.load_texts()[:13],
+]
+
+
+@pytest.fixture(scope="module")
+def engines():
+    from runners.onnx.engine import OnnxEngine
+    from runners.tf.engine import TFEngine
+
+    onnx = lambda name: OnnxEngine(  # noqa: E731
+        store.path_of(name) / "model.onnx",
+        contracts.SENTENCE_EMBEDDING,
+        threads=1,
+        providers=["CPUExecutionProvider"],
+    )
+    tf = TFEngine(
+        store.path_of(contracts.TF_SAVEDMODEL) / "saved_model",
+        contracts.SENTENCE_EMBEDDING,
+        threads=1,
+    )
+    return {"onnx": onnx(contracts.ONNX_FP32), "onnx-int8": onnx(contracts.ONNX_INT8), "tf": tf}
+
+
+def in_process(engine, ids: list[list[int]], grouped: bool) -> np.ndarray:
+    """The engine on one sequence at a time (no padding at all), or on the runner's own groups."""
+    if not grouped:
+        return np.concatenate([engine(pad([seq])) for seq in ids])
+    from runners.batching import plan
+    from runners.onnx.settings import OnnxRunnerSettings
+
+    policy = OnnxRunnerSettings().policy
+    out = np.empty((len(ids), 384), dtype=np.float32)
+    for group in plan(
+        [len(s) for s in ids],
+        policy.max_batch_tokens,
+        policy.max_batch_rows,
+        policy.call_overhead_tokens,
+    ):
+        out[list(group.indices)] = engine(pad([ids[i] for i in group.indices]))
+    return out
+
+
+@pytest.mark.parametrize("backend", ["onnx", "onnx-int8", "tf"])
+def test_embed_equals_in_process_engine(client: httpx.Client, engines, backend: str) -> None:
+    resp = client.post("/embed", json={"texts": MIXED, "backend": backend})
+    assert resp.status_code == 200, resp.text
+    body = resp.json()
+    assert body["backend"] == backend
+    served = np.array(body["embeddings"], dtype=np.float32)
+    ids = tokenize(load_tokenizer(store.path_of(contracts.TOKENIZER) / "tokenizer.json"), MIXED)
+    assert served.shape == (len(MIXED), 384)
+    # fp32 and TF mask padding out, so batching must not change a vector: compare with one at a time.
+    # Dynamic int8 computes activation scales per engine call over the padded batch, so its vectors
+    # depend on their batch-mates: compare with the same engine calls the runner made.
+    np.testing.assert_allclose(
+        served, in_process(engines[backend], ids, grouped=backend == "onnx-int8"), atol=1e-5
+    )
+    assert body["tokens"] == [len(seq) for seq in ids]
+    for header in ("x-tokenization-time", "x-queue-time", "x-inference-time", "x-total-time"):
+        assert float(resp.headers[header]) >= 0
+
+
+def test_served_int8_stays_within_its_accuracy_gate_whatever_its_batch(
+    client: httpx.Client, engines
+) -> None:
+    """The int8 build gate (against fp32: mean cosine >= 0.99, min >= 0.95) holds for served vectors."""
+    served = np.array(
+        client.post("/embed", json={"texts": MIXED, "backend": "onnx-int8"}).json()["embeddings"]
+    )
+    ids = tokenize(load_tokenizer(store.path_of(contracts.TOKENIZER) / "tokenizer.json"), MIXED)
+    fp32 = in_process(engines["onnx"], ids, grouped=False)
+    cosine = np.sum(served * fp32, axis=1) / (
+        np.linalg.norm(served, axis=1) * np.linalg.norm(fp32, axis=1)
+    )
+    assert cosine.mean() >= 0.99 and cosine.min() >= 0.95, cosine
+
+
+@pytest.mark.parametrize("backend", ["onnx", "tf"])
+def test_similarity_known_answer(client: httpx.Client, backend: str) -> None:
+    resp = client.post(
+        "/similarity",
+        json={"pairs": [list(KNOWN), ["hello", "hello"]], "threshold": 0.9, "backend": backend},
+    )
+    assert resp.status_code == 200, resp.text
+    body = resp.json()
+    assert body["scores"][0] == pytest.approx(0.755, abs=0.01)
+    assert body["scores"][1] == pytest.approx(1.0, abs=1e-5)
+    assert body["labels"] == [0, 1]
+
+
+def test_similarity_without_threshold_has_no_labels(client: httpx.Client) -> None:
+    body = client.post("/similarity", json={"pairs": [list(KNOWN)]}).json()
+    assert body["labels"] is None and len(body["scores"]) == 1
+
+
+def test_tokenize_sentencepiece_equals_sentencepiece(client: httpx.Client) -> None:
+    texts = [*corpus.load_texts()[:200], "", "  spaces  ", "ünïcödé café"]
+    resp = client.post("/tokenize", json={"texts": texts, "tokenizer": "sentencepiece"})
+    assert resp.status_code == 200, resp.text
+    processor = sentencepiece.SentencePieceProcessor(
+        model_file=str(store.path_of(contracts.SENTENCEPIECE) / "spiece.model")
+    )
+    assert resp.json()["ids"] == processor.encode(texts)
+
+
+def test_tokenize_minilm_truncates_at_the_model_limit(client: httpx.Client) -> None:
+    long_text = "word " * 1000
+    ids = client.post("/tokenize", json={"texts": [long_text, "hello world"]}).json()["ids"]
+    assert len(ids[0]) == contracts.MAX_SEQ_LEN
+    assert ids[1] == [101, 7592, 2088, 102]
+
+
+def test_inference_contract(client: httpx.Client) -> None:
+    resp = client.post("/inference", json={"input_text": KNOWN[0]})
+    assert resp.status_code == 200, resp.text
+    body = resp.json()
+    assert list(body) == ["outputs"] and len(body["outputs"]) == 384
+    embedded = client.post("/embed", json={"texts": [KNOWN[0]]}).json()["embeddings"][0]
+    np.testing.assert_allclose(body["outputs"], embedded, atol=1e-6)
+
+
+BAD = [
+    ("/embed", {"texts": []}, "texts"),
+    ("/embed", {"texts": [""]}, "texts"),
+    ("/embed", {"texts": ["   "]}, "texts"),
+    ("/embed", {"texts": "not a list"}, "texts"),
+    ("/embed", {"texts": [1, 2]}, "texts"),
+    ("/embed", {"texts": ["x" * 10_001]}, "texts"),
+    ("/embed", {"texts": ["a"] * 257}, "texts"),
+    ("/embed", {"texts": ["a"], "backend": "pytorch"}, "backend"),
+    ("/embed", {"texts": ["a"], "unknown": 1}, "unknown"),
+    ("/embed", {}, "texts"),
+    ("/similarity", {"pairs": [["a"]]}, "pairs"),
+    ("/similarity", {"pairs": [["a", "b"]], "threshold": 2}, "threshold"),
+    ("/similarity", {"pairs": []}, "pairs"),
+    ("/tokenize", {"texts": ["a"], "tokenizer": "bpe"}, "tokenizer"),
+    ("/inference", {"input_text": ""}, "input_text"),
+    ("/inference", {"text": "hello"}, "input_text"),
+]
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "field"), BAD, ids=[f"{p}-{f}-{i}" for i, (p, _, f) in enumerate(BAD)]
+)
+def test_bad_input_is_a_4xx_naming_the_field_and_the_server_keeps_serving(
+    client: httpx.Client, path: str, body: dict, field: str
+) -> None:
+    resp = client.post(path, json=body)
+    assert 400 <= resp.status_code < 500, resp.text
+    assert field in resp.text
+    assert client.post("/embed", json={"texts": ["still serving"]}).status_code == 200
+
+
+def test_malformed_json_is_a_400(client: httpx.Client) -> None:
+    resp = client.post("/embed", content=b"{not json", headers={"content-type": "application/json"})
+    assert resp.status_code == 400
+    assert "json" in resp.text.lower()
+
+
+def test_pickle_is_refused_on_the_public_port(client: httpx.Client) -> None:
+    resp = client.post(
+        "/embed", content=b"\x80\x05N.", headers={"content-type": "application/vnd.bentoml+pickle"}
+    )
+    assert resp.status_code == 415
+
+
+def test_concurrent_requests_are_batched_and_none_fail(client: httpx.Client, graph: str) -> None:
+    """Hundreds of calls cross the runner hop with some always in flight: BentoML's default
+    runner_connection (recycle after 100 requests) failed such calls; the runners raise it."""
+
+    def rows_sum() -> tuple[float, float]:
+        text = client.get("/metrics").text
+
+        def read(name: str) -> float:
+            m = re.search(
+                rf'^{name}\{{model="fp32",runner="onnx_runner"\}} ([0-9.e+]+)$', text, re.M
+            )
+            return float(m.group(1)) if m else 0.0
+
+        return read("bundle_batch_rows_sum"), read("bundle_batch_rows_count")
+
+    rows0, calls0 = rows_sum()
+    texts = corpus.load_texts()
+
+    def user(i: int) -> list[int]:
+        with httpx.Client(base_url=graph, timeout=60) as c:
+            return [
+                c.post("/embed", json={"texts": [texts[(i * 31 + k) % len(texts)]]}).status_code
+                for k in range(20)
+            ]
+
+    with concurrent.futures.ThreadPoolExecutor(32) as pool:
+        statuses = [s for result in pool.map(user, range(32)) for s in result]
+    assert statuses.count(200) == len(statuses) == 640
+    rows1, calls1 = rows_sum()
+    assert calls1 > calls0
+    assert (rows1 - rows0) / (calls1 - calls0) > 1.0, "no engine call held more than one sequence"

@@ -1,0 +1,214 @@
+"""The batching core against a fake engine: order, budget, shedding, cancellation, failures."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from models.features import Feeds
+from runners.batching import Batcher, DeadlineExceeded, Policy, QueueFull
+
+
+class FakeEngine:
+    """Row i of the output is (sum of real ids, real length, padded width): checkable per sequence."""
+
+    def __init__(self, delay_s: float = 0.0) -> None:
+        self.calls: list[tuple[int, int]] = []  # (rows, width)
+        self.seen: list[int] = []
+        self.delay_s = delay_s
+        self.lock = threading.Lock()
+
+    def __call__(self, feeds: Feeds) -> np.ndarray:
+        ids, mask = feeds["input_ids"], feeds["attention_mask"]
+        with self.lock:
+            self.calls.append(ids.shape)
+            self.seen.extend(ids[:, 0].tolist())
+        if self.delay_s:
+            time.sleep(self.delay_s)
+        return np.stack([(ids * mask).sum(1), mask.sum(1), np.full(len(ids), ids.shape[1])], axis=1)
+
+
+def expected(seq: list[int]) -> list[int]:
+    return [sum(seq), len(seq)]
+
+
+def run(coro):
+    return asyncio.run(coro)
+
+
+def test_order_preserved_across_sub_batches_and_requests() -> None:
+    rng = random.Random(1)
+    engine = FakeEngine()
+    policy = Policy(max_batch_tokens=64, max_batch_rows=8)
+    requests = [
+        [
+            [rng.randint(1, 999) for _ in range(rng.randint(1, 30))]
+            for _ in range(rng.randint(1, 12))
+        ]
+        for _ in range(40)
+    ]
+
+    async def main():
+        batcher = Batcher(engine, policy)
+        results = await asyncio.gather(*(batcher.submit(r) for r in requests))
+        await batcher.close()
+        return results
+
+    for request, (rows, timing) in zip(requests, run(main()), strict=True):
+        assert rows[:, :2].tolist() == [expected(s) for s in request]
+        assert timing.engine_calls >= 1
+    assert len(engine.calls) > 1  # the work was split into several engine calls
+
+
+def test_token_budget_never_exceeded_and_over_budget_sequence_served_alone() -> None:
+    engine = FakeEngine()
+    policy = Policy(max_batch_tokens=100, max_batch_rows=16)
+    long_one = list(range(1, 251))  # 250 tokens: over the budget on its own
+
+    async def main():
+        batcher = Batcher(engine, policy)
+        short = [[[7] * n for n in (3, 9, 27, 11, 5)] for _ in range(10)]
+        results = await asyncio.gather(
+            batcher.submit([long_one]), *(batcher.submit(r) for r in short)
+        )
+        await batcher.close()
+        return results
+
+    results = run(main())
+    assert results[0][0][0, :2].tolist() == expected(long_one)
+    for rows, width in engine.calls:
+        assert rows * width <= policy.max_batch_tokens or rows == 1
+    assert (1, 250) in engine.calls
+
+
+def test_concurrent_requests_are_batched_together() -> None:
+    engine = FakeEngine(delay_s=0.05)
+
+    async def main():
+        batcher = Batcher(engine, Policy())
+        # The first call occupies the engine; the 31 that arrive meanwhile form the next batch.
+        await asyncio.gather(*(batcher.submit([[i + 1, 5, 6]]) for i in range(32)))
+        await batcher.close()
+
+    run(main())
+    assert max(rows for rows, _ in engine.calls) > 1
+    assert len(engine.calls) < 32
+
+
+def test_queue_full_gives_429_with_retry_after() -> None:
+    engine = FakeEngine(delay_s=0.05)
+
+    async def main():
+        batcher = Batcher(engine, Policy(max_queue_tokens=50, deadline_s=60))
+        outcomes = await asyncio.gather(
+            *(batcher.submit([[1] * 20]) for _ in range(10)), return_exceptions=True
+        )
+        await batcher.close()
+        return outcomes
+
+    outcomes = run(main())
+    refused = [o for o in outcomes if isinstance(o, QueueFull)]
+    served = [o for o in outcomes if not isinstance(o, Exception)]
+    assert refused and served
+    assert all(o.status == 429 and o.retry_after >= 1 for o in refused)
+    assert refused[0].response().headers["Retry-After"] == str(refused[0].retry_after)
+
+
+def test_deadline_that_cannot_be_met_gives_503_at_once() -> None:
+    engine = FakeEngine(delay_s=0.2)
+
+    async def main():
+        # Measured speed: 20 tokens / 0.2 s = 100 tokens/s, so a 0.5 s deadline admits ~50 tokens.
+        batcher = Batcher(engine, Policy(deadline_s=0.5), tokens_per_s=100)
+        started = time.monotonic()
+        outcomes = await asyncio.gather(
+            *(batcher.submit([[1] * 20]) for _ in range(10)), return_exceptions=True
+        )
+        await batcher.close()
+        return outcomes, time.monotonic() - started
+
+    outcomes, _ = run(main())
+    refused = [o for o in outcomes if isinstance(o, DeadlineExceeded)]
+    assert refused, outcomes
+    assert all(o.status == 503 and o.retry_after >= 1 for o in refused)
+    assert sum(not isinstance(o, Exception) for o in outcomes) >= 1
+
+
+def test_request_whose_deadline_passes_in_queue_is_dropped_before_the_engine() -> None:
+    engine = FakeEngine(delay_s=0.3)
+
+    async def main():
+        batcher = Batcher(engine, Policy(deadline_s=10), tokens_per_s=1e9)
+        first = asyncio.create_task(batcher.submit([[11, 1]]))
+        await asyncio.sleep(0.05)  # the first call is on the engine now
+        late = batcher.submit([[22, 2]], deadline_s=0.1)
+        outcome = await asyncio.gather(late, return_exceptions=True)
+        await first
+        await batcher.close()
+        return outcome[0]
+
+    outcome = run(main())
+    assert isinstance(outcome, DeadlineExceeded)
+    assert 22 not in engine.seen
+
+
+def test_cancelled_request_is_not_computed() -> None:
+    engine = FakeEngine(delay_s=0.2)
+
+    async def main():
+        batcher = Batcher(engine, Policy())
+        first = asyncio.create_task(batcher.submit([[11, 1]]))
+        await asyncio.sleep(0.05)
+        gone = asyncio.create_task(batcher.submit([[33, 3]]))
+        await asyncio.sleep(0.01)
+        gone.cancel()
+        await first
+        kept = await batcher.submit([[44, 4]])
+        await batcher.close()
+        return kept
+
+    rows, _ = run(main())
+    assert rows[0, :2].tolist() == [48, 2]
+    assert 33 not in engine.seen
+
+
+def test_engine_failure_fails_that_call_and_keeps_serving() -> None:
+    calls = {"n": 0}
+
+    def flaky(feeds: Feeds) -> np.ndarray:
+        calls["n"] += 1
+        if calls["n"] == 1:
+            raise RuntimeError("engine blew up")
+        return FakeEngine()(feeds)
+
+    async def main():
+        batcher = Batcher(flaky, Policy())
+        with pytest.raises(RuntimeError, match="blew up"):
+            await batcher.submit([[1, 2]])
+        rows, _ = await batcher.submit([[3, 4]])
+        await batcher.close()
+        return rows
+
+    assert run(main())[0, :2].tolist() == [7, 2]
+
+
+@pytest.mark.parametrize("bad", [[], [[]], [[1], []]])
+def test_empty_input_is_refused(bad) -> None:
+    async def main():
+        batcher = Batcher(FakeEngine(), Policy())
+        with pytest.raises(ValueError):
+            await batcher.submit(bad)
+
+    run(main())
+
+
+def test_policy_validates_limits() -> None:
+    with pytest.raises(ValueError, match="max_batch_tokens"):
+        Policy(max_batch_tokens=0)
+    with pytest.raises(ValueError, match="deadline_s"):
+        Policy(deadline_s=0)

@@ -1,0 +1,102 @@
+"""The tokenizer service's coalescer: merged calls, rows split back in order, errors shared."""
+
+from __future__ import annotations
+
+import asyncio
+
+import numpy as np
+import pytest
+
+from runners.batching import QueueFull
+from services.tokenizer.coalesce import Coalescer, Embedded
+
+
+class FakeRunner:
+    def __init__(self, delay_s: float = 0.02, fail: Exception | None = None) -> None:
+        self.calls: list[int] = []
+        self.delay_s = delay_s
+        self.fail = fail
+
+    async def __call__(self, ids: list[list[int]]) -> Embedded:
+        self.calls.append(len(ids))
+        await asyncio.sleep(self.delay_s)
+        if self.fail:
+            raise self.fail
+        return Embedded(np.array([[seq[0], len(seq)] for seq in ids], dtype=np.float32), 1.0, 2.0)
+
+
+def test_concurrent_requests_are_merged_and_rows_return_in_order() -> None:
+    runner = FakeRunner()
+
+    async def main():
+        coalescer = Coalescer(runner, max_inflight=1)
+        requests = [[[i * 10 + k] * (k + 1) for k in range(i % 3 + 1)] for i in range(30)]
+        results = await asyncio.gather(*(coalescer.embed(r) for r in requests))
+        return requests, results
+
+    requests, results = asyncio.run(main())
+    for request, result in zip(requests, results, strict=True):
+        assert result.vectors.tolist() == [[seq[0], len(seq)] for seq in request]
+        assert result.inference_ms == 2.0 and result.queue_ms >= 1.0
+    assert runner.calls[0] == 1  # the first request left at once, alone
+    assert len(runner.calls) == 2 and sum(runner.calls) == sum(len(r) for r in requests)
+
+
+def test_calls_in_flight_are_capped() -> None:
+    runner = FakeRunner()
+
+    async def main():
+        coalescer = Coalescer(runner, max_inflight=2)
+        await asyncio.gather(*(coalescer.embed([[i]]) for i in range(50)))
+
+    asyncio.run(main())
+    assert runner.calls[:2] == [1, 1]
+    assert len(runner.calls) < 10
+
+
+def test_token_cap_splits_calls_but_a_large_request_still_goes_alone() -> None:
+    runner = FakeRunner()
+
+    async def main():
+        coalescer = Coalescer(runner, max_inflight=1, max_tokens=100)
+        big = coalescer.embed([[1] * 80, [2] * 80])  # 160 tokens: over the cap on its own
+        small = [coalescer.embed([[3] * 40]) for _ in range(5)]
+        return await asyncio.gather(big, *small)
+
+    results = asyncio.run(main())
+    assert results[0].vectors.tolist() == [[1, 80], [2, 80]]
+    assert runner.calls == [2, 2, 2, 1]
+
+
+def test_an_error_reaches_every_merged_request() -> None:
+    runner = FakeRunner(fail=QueueFull(2, "queue full"))
+
+    async def main():
+        coalescer = Coalescer(runner, max_inflight=1)
+        return await asyncio.gather(
+            *(coalescer.embed([[i]]) for i in range(5)), return_exceptions=True
+        )
+
+    outcomes = asyncio.run(main())
+    assert all(isinstance(o, QueueFull) and o.status == 429 for o in outcomes)
+
+
+def test_a_cancelled_request_is_not_sent() -> None:
+    runner = FakeRunner(delay_s=0.05)
+
+    async def main():
+        coalescer = Coalescer(runner, max_inflight=1)
+        first = asyncio.create_task(coalescer.embed([[1]]))
+        await asyncio.sleep(0.01)
+        gone = asyncio.create_task(coalescer.embed([[2], [2]]))
+        await asyncio.sleep(0.01)
+        gone.cancel()
+        kept = await coalescer.embed([[3]])
+        await first
+        with pytest.raises(asyncio.CancelledError):
+            await gone
+        return kept
+
+    kept = asyncio.run(main())
+    assert kept.vectors.tolist() == [[3, 1]]
+    assert runner.calls == [1, 1]

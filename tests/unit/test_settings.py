@@ -1,0 +1,69 @@
+from __future__ import annotations
+
+import pytest
+from pydantic import ValidationError
+
+from models.contracts import SENTENCE_EMBEDDING, ContractError, check_contract
+from runners.onnx.settings import OnnxRunnerSettings
+from runners.settings import available_cores
+from runners.tf.settings import TFRunnerSettings
+from services.tokenizer.settings import TokenizerSettings
+
+
+def test_each_service_reads_its_own_env_prefix(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("BUNDLE_ONNX_MAX_BATCH_TOKENS", "512")
+    monkeypatch.setenv("BUNDLE_TF_DEADLINE_S", "2.5")
+    monkeypatch.setenv("BUNDLE_TOKENIZER_MAX_TEXTS", "8")
+    assert OnnxRunnerSettings().policy.max_batch_tokens == 512
+    assert TFRunnerSettings().policy.max_batch_tokens == 1024
+    assert TFRunnerSettings().policy.deadline_s == 2.5
+    assert TokenizerSettings().max_texts == 8
+
+
+def test_threads_default_to_cores_per_worker_and_oversubscription_is_refused(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    cores = available_cores()
+    assert OnnxRunnerSettings(workers=1).threads == cores
+    assert OnnxRunnerSettings(workers=cores).threads == 1
+    with pytest.raises(ValidationError, match="oversubscribe"):
+        OnnxRunnerSettings(workers=cores, intra_op_threads=2)
+
+
+def test_invalid_values_are_refused_with_the_field_named() -> None:
+    with pytest.raises(ValidationError, match="max_batch_tokens"):
+        OnnxRunnerSettings(max_batch_tokens=0)
+    with pytest.raises(ValidationError, match="deadline_s"):
+        OnnxRunnerSettings(deadline_s=-1)
+
+
+def test_runner_service_config_never_recycles_the_callers_connections() -> None:
+    config = OnnxRunnerSettings().service_config()
+    # BentoML's default (100 requests, 300 s) closed the caller's session with calls in flight.
+    assert config["runner_connection"]["max_requests"] >= 2**31
+    assert config["runner_connection"]["max_age"] >= 3600 * 24 * 365
+    assert config["logging"]["access"]["enabled"] is False
+
+
+def test_contract_mismatch_is_reported_by_name() -> None:
+    good = {
+        "input_ids": ("int64", (None, None)),
+        "attention_mask": ("int64", (None, None)),
+        "token_type_ids": ("int64", (None, None)),
+    }
+    check_contract(SENTENCE_EMBEDDING, good, {"sentence_embedding": ("float32", (None, 384))}, "m")
+    with pytest.raises(ContractError, match="missing output 'sentence_embedding'"):
+        check_contract(
+            SENTENCE_EMBEDDING, good, {"last_hidden_state": ("float32", (None, None, 384))}, "m"
+        )
+    with pytest.raises(ContractError, match="'input_ids' is int32"):
+        check_contract(
+            SENTENCE_EMBEDDING,
+            {**good, "input_ids": ("int32", (None, None))},
+            {"sentence_embedding": ("float32", (None, 384))},
+            "m",
+        )
+    with pytest.raises(ContractError, match="shape"):
+        check_contract(
+            SENTENCE_EMBEDDING, good, {"sentence_embedding": ("float32", (None, 768))}, "m"
+        )
