@@ -12,7 +12,9 @@ PORT ?= 3000
 export BENTOML_DO_NOT_TRACK := True
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: help install models parity serve test lint format clean
+N ?= 1000
+
+.PHONY: help install models parity tenants tenant-figures serve test lint format clean
 
 help: ## List the targets
 	@awk 'BEGIN {FS = ":.*## "} /^[a-z][a-z0-9-]*:.*## / {printf "  make %-16s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -31,6 +33,12 @@ models: install ## Build every model into the BentoML model store (FORCE=1 rebui
 
 parity: models ## Parity report of every backend against PyTorch (build/parity.json)
 	$(PY) -m models.parity
+
+tenants: models ## Build N demo tenants (default 1000) into the tenant store, reusing those built
+	$(PY) -m runners.tenants demo --count $(N) $(if $(FORCE),--force)
+
+tenant-figures: tenants ## Zipf load over the N demo tenants with a 10 % memory budget: latency, hit rate, RSS
+	$(PY) -m loadtests.tenant_figures --tenants $(N)
 
 serve: models ## Serve the whole graph on $(HOST):$(PORT) (Swagger UI at /)
 	$(BENTOML) serve . --host $(HOST) --port $(PORT)

@@ -83,3 +83,13 @@ def check_contract(
                 problems.append(f"{kind} {spec.name!r} has shape {shape}, expected {spec.shape}")
     if problems:
         raise ContractError(f"{model} does not match its contract: " + "; ".join(problems))
+
+
+# A tenant's intent classifier: SentencePiece ids in, one probability per intent out.
+TENANT_CLASSIFIER = Contract(
+    inputs=(
+        TensorSpec("input_ids", "int64", (None, None)),
+        TensorSpec("attention_mask", "int64", (None, None)),
+    ),
+    outputs=(TensorSpec("probabilities", "float32", (None, None)),),
+)

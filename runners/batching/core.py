@@ -105,6 +105,7 @@ class Batcher:
         self._tokens_per_s = tokens_per_s
         self._wakeup = asyncio.Event()
         self._task: asyncio.Task | None = None
+        self._closing = False
 
     # -- public ---------------------------------------------------------------------------
 
@@ -157,6 +158,12 @@ class Batcher:
         rows = await request.future
         return rows, request.timing
 
+    def close_when_idle(self) -> None:
+        """Stop the loop once the queue is empty: requests already submitted are still served.
+        (An evicted model's batcher must not outlive its last request: the loop task holds it.)"""
+        self._closing = True
+        self._wakeup.set()
+
     async def close(self) -> None:
         if self._task is not None:
             self._task.cancel()
@@ -180,6 +187,8 @@ class Batcher:
             self._wakeup.clear()
             while self._queue:
                 await self._run_round(self._take_round())
+            if self._closing:
+                return
 
     def _take_round(self) -> list[_Request]:
         now = time.monotonic()

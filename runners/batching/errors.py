@@ -1,35 +1,26 @@
-"""Load shedding as an exception that every service turns into the same HTTP response."""
+"""Load shedding: 429 (queue full) or 503 (deadline), always with Retry-After."""
 
 from __future__ import annotations
 
-import functools
 import math
-from collections.abc import Awaitable, Callable
 from typing import Any
 
+from runners.errors import ApiError
 
-class Overloaded(Exception):
-    """The request cannot be served in time: 429 (queue full) or 503 (deadline), with Retry-After."""
+
+class Overloaded(ApiError):
+    """The request cannot be served in time."""
 
     def __init__(self, status: int, retry_after: float, reason: str) -> None:
-        super().__init__(reason)
-        self.status = status
+        super().__init__(reason, status)
         self.retry_after = max(1, math.ceil(retry_after))
         self.reason = reason
 
+    def headers(self) -> dict[str, str]:
+        return {"Retry-After": str(self.retry_after)}
+
     def body(self) -> dict[str, Any]:
         return {"error": self.reason, "retry_after": self.retry_after}
-
-    def response(self, ctx: Any = None):
-        """The HTTP reply. With a BentoML ``ctx``, its status and headers are set too: BentoML
-        overwrites a returned Response's status with ``ctx.response.status_code``."""
-        from starlette.responses import JSONResponse
-
-        headers = {"Retry-After": str(self.retry_after)}
-        if ctx is not None:
-            ctx.response.status_code = self.status
-            ctx.response.headers.update(headers)
-        return JSONResponse(self.body(), status_code=self.status, headers=headers)
 
 
 class QueueFull(Overloaded):
@@ -40,16 +31,3 @@ class QueueFull(Overloaded):
 class DeadlineExceeded(Overloaded):
     def __init__(self, retry_after: float, reason: str) -> None:
         super().__init__(503, retry_after, reason)
-
-
-def replies_on_overload(api: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[Any]]:
-    """Wrap an async BentoML API taking ``ctx``: an ``Overloaded`` becomes its 429/503 reply."""
-
-    @functools.wraps(api)
-    async def wrapper(*args: Any, **kwargs: Any) -> Any:
-        try:
-            return await api(*args, **kwargs)
-        except Overloaded as exc:
-            return exc.response(kwargs.get("ctx"))
-
-    return wrapper

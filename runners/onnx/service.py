@@ -6,7 +6,7 @@ import bentoml
 
 from models import contracts
 from runners import embedding
-from runners.batching.errors import replies_on_overload
+from runners.errors import replies_on_error
 from runners.onnx.settings import OnnxRunnerSettings
 from runners.protocol import EmbedResult, TokenIds, Variant
 from runners.tf_serving import current_servables, predict_app
@@ -38,7 +38,7 @@ class OnnxRunner:
         self.servables = {"minilm": self.batchers["fp32"], "minilm-int8": self.batchers["int8"]}
 
     @bentoml.api
-    @replies_on_overload
+    @replies_on_error
     async def embed(
         self, ids: TokenIds, ctx: bentoml.Context, variant: Variant = "fp32"
     ) -> EmbedResult:

@@ -6,7 +6,7 @@ import bentoml
 
 from models import contracts
 from runners import embedding
-from runners.batching.errors import replies_on_overload
+from runners.errors import replies_on_error
 from runners.protocol import EmbedResult, TokenIds
 from runners.tf.settings import TFRunnerSettings
 from runners.tf_serving import current_servables, predict_app
@@ -32,7 +32,7 @@ class TFRunner:
         self.servables = {"minilm": self.batchers["tf"]}
 
     @bentoml.api
-    @replies_on_overload
+    @replies_on_error
     async def embed(self, ids: TokenIds, ctx: bentoml.Context) -> EmbedResult:
         """Sentence embeddings for token-id sequences (rows in order), batched with other callers."""
         return await embedding.embed(self.batchers["tf"], ids, ctx)

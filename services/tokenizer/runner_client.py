@@ -11,6 +11,7 @@ import numpy as np
 from bentoml.exceptions import BentoMLException
 
 from runners.batching import Overloaded
+from runners.errors import ApiError
 from services.tokenizer.coalesce import Coalescer, Embedded
 from services.tokenizer.settings import Backend
 
@@ -35,6 +36,8 @@ async def _call(runner: str, send: Callable[[], Awaitable[Any]]) -> Any:
                 raise Overloaded(
                     status, _retry_after(str(exc)), f"{runner}: {_reason(str(exc))}"
                 ) from exc
+            if 400 <= status < 500 or status == 507:  # the caller's mistake: pass it on
+                raise ApiError(_reason(str(exc)), status) from exc
             raise
     raise AssertionError("unreachable")
 
@@ -69,9 +72,11 @@ def _embedded(result: Any) -> Embedded:
 
 
 class Runners:
-    """One coalescer per backend in front of the runner dependencies."""
+    """A coalescer per backend in front of the embedding runners; calls to the tenant runner."""
 
-    def __init__(self, onnx: Any, tf: Any, inflight: int = 2) -> None:
+    def __init__(self, onnx: Any, tf: Any, tenants: Any, inflight: int = 2) -> None:
+        self.tenants = tenants
+
         async def onnx_call(variant: str, ids: list[list[int]]) -> Embedded:
             return _embedded(
                 await _call("onnx_runner", lambda: onnx.to_async.embed(ids=ids, variant=variant))
@@ -88,3 +93,9 @@ class Runners:
 
     async def embed(self, backend: Backend, ids: list[list[int]]) -> Embedded:
         return await self.backends[backend].embed(ids)
+
+    async def tenant(self, endpoint: str, **kwargs: Any) -> Any:
+        """A tenant runner call (classify or a registry operation), answered as plain data."""
+        call = getattr(self.tenants.to_async, endpoint)
+        result = await _call("tenant_runner", lambda: call(**kwargs))
+        return result.model_dump() if hasattr(result, "model_dump") else result

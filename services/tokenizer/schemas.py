@@ -66,6 +66,46 @@ class TokenizeResponse(BaseModel):
     ids: list[list[int]]
 
 
+TenantName = Annotated[
+    str, Field(description="Checked by the service: invalid names get 422, unknown ones 404.")
+]
+Intent = Annotated[str, StringConstraints(min_length=1, max_length=100)]
+
+
+class ClassifyRequest(Request):
+    tenant: TenantName
+    texts: list[Text] = Field(min_length=1, max_length=SETTINGS.max_texts)
+
+
+class ClassifyResponse(BaseModel):
+    intents: list[str]
+    scores: list[float] = Field(description="Probability of each predicted intent.")
+    version: str = Field(description="The tenant model version that answered.")
+
+
+class Example(Request):
+    text: Text
+    intent: Intent
+
+
+class TrainRequest(Request):
+    tenant: TenantName
+    examples: list[Example] = Field(min_length=2, max_length=10_000)
+    format: Literal["onnx", "tf"] = Field("onnx", description="Export as ONNX or a TF SavedModel.")
+
+
+class TenantRequest(Request):
+    tenant: TenantName
+
+
+class Registered(BaseModel):
+    tenant: str
+    version: str
+    labels: list[str]
+    bytes: int
+    metrics: dict[str, float]
+
+
 class InferenceRequest(Request):
     """Seed 003's contract, kept as it was."""
 

@@ -7,24 +7,31 @@ requests (core), and turns embeddings into the answer (post): vectors, cosine sc
 from __future__ import annotations
 
 import time
+from pathlib import Path
 from typing import Any
 
 import bentoml
 import numpy as np
 
-from runners.batching import replies_on_overload
+from runners.errors import replies_on_error
 from runners.protocol import timing_headers
+from runners.tenants.store import check_name
 from services.tokenizer.runner_client import Embedded, Runners
 from services.tokenizer.schemas import (
     SETTINGS,
+    ClassifyRequest,
+    ClassifyResponse,
     EmbedRequest,
     EmbedResponse,
     InferenceRequest,
     InferenceResponse,
+    Registered,
     SimilarityRequest,
     SimilarityResponse,
+    TenantRequest,
     TokenizeRequest,
     TokenizeResponse,
+    TrainRequest,
 )
 from services.tokenizer.settings import Backend
 
@@ -47,6 +54,7 @@ def _runner(url: str | None, service_path: str) -> Any:
 class Tokenizer:
     onnx_runner = _runner(SETTINGS.onnx_url, "runners.onnx.service:OnnxRunner")
     tf_runner = _runner(SETTINGS.tf_url, "runners.tf.service:TFRunner")
+    tenant_runner = _runner(SETTINGS.tenant_url, "runners.tenants.service:TenantRunner")
     wordpiece = bentoml.models.BentoModel(SETTINGS.wordpiece_model)
     sentencepiece = bentoml.models.BentoModel(SETTINGS.sentencepiece_model)
 
@@ -56,7 +64,9 @@ class Tokenizer:
         self.text = Tokenizers(
             self.wordpiece.path_of("tokenizer.json"), self.sentencepiece.path_of("spiece.model")
         )
-        self.runners = Runners(self.onnx_runner, self.tf_runner, SETTINGS.runner_inflight)
+        self.runners = Runners(
+            self.onnx_runner, self.tf_runner, self.tenant_runner, SETTINGS.runner_inflight
+        )
 
     async def _embed(
         self, texts: list[str], backend: Backend, ctx: bentoml.Context
@@ -75,7 +85,7 @@ class Tokenizer:
         return embedded, ids
 
     @bentoml.api
-    @replies_on_overload
+    @replies_on_error
     async def embed(self, request: EmbedRequest, /, ctx: bentoml.Context) -> EmbedResponse:
         """Sentence embeddings (384 floats, L2-normalised) for each text, in order."""
         embedded, ids = await self._embed(request.texts, request.backend, ctx)
@@ -86,7 +96,7 @@ class Tokenizer:
         )
 
     @bentoml.api
-    @replies_on_overload
+    @replies_on_error
     async def similarity(
         self, request: SimilarityRequest, /, ctx: bentoml.Context
     ) -> SimilarityResponse:
@@ -109,10 +119,67 @@ class Tokenizer:
         return TokenizeResponse(ids=await self.text.run(encode, request.texts))
 
     @bentoml.api
-    @replies_on_overload
+    @replies_on_error
     async def inference(
         self, request: InferenceRequest, /, ctx: bentoml.Context
     ) -> InferenceResponse:
         """Seed 003's contract: {"input_text": str} -> {"outputs": [float]} (the sentence embedding)."""
         embedded, _ = await self._embed([request.input_text], SETTINGS.default_backend, ctx)
         return InferenceResponse(outputs=embedded.vectors[0].tolist())
+
+    @bentoml.api
+    @replies_on_error
+    async def classify(self, request: ClassifyRequest, /, ctx: bentoml.Context) -> ClassifyResponse:
+        """Intent of each text with the tenant's own model (seed 000); 404 for an unknown tenant."""
+        check_name(request.tenant)  # 422 before any work for a name that could never exist
+        started = time.perf_counter()
+        ids = await self.text.run(self.text.sentencepiece, request.texts)
+        result = await self.runners.tenant("classify", tenant=request.tenant, ids=ids)
+        ctx.response.headers["X-Total-Time"] = f"{(time.perf_counter() - started) * 1000:.2f}"
+        return ClassifyResponse(**result)
+
+    if SETTINGS.admin_enabled:
+        # The tenant registry. With admin_enabled off these methods are never defined: the routes
+        # do not exist on the public port (404) and are absent from its OpenAPI schema.
+
+        @bentoml.api(route="/tenants/train")
+        @replies_on_error
+        async def train_tenant(self, request: TrainRequest, /, ctx: bentoml.Context) -> Registered:
+            """Train a tenant's classifier from examples and register it as a new version."""
+            check_name(request.tenant)
+            texts = [e.text for e in request.examples]
+            ids = await self.text.run(self.text.sentencepiece, texts)
+            intents = [e.intent for e in request.examples]
+            result = await self.runners.tenant(
+                "train", tenant=request.tenant, ids=ids, intents=intents, format=request.format
+            )
+            return Registered(**result)
+
+        @bentoml.api(route="/tenants/upload")
+        @replies_on_error
+        async def upload_tenant(self, tenant: str, file: Path, ctx: bentoml.Context) -> Registered:
+            """Upload a model archive (.tar.gz of manifest.json + model.onnx or saved_model/)."""
+            check_name(tenant)
+            return Registered(**await self.runners.tenant("upload", tenant=tenant, file=file))
+
+        @bentoml.api(route="/tenants/list")
+        @replies_on_error
+        async def list_tenants(self, ctx: bentoml.Context) -> list[str]:
+            """Every registered tenant."""
+            return await self.runners.tenant("list_tenants")
+
+        @bentoml.api(route="/tenants/show")
+        @replies_on_error
+        async def show_tenant(
+            self, request: TenantRequest, /, ctx: bentoml.Context
+        ) -> dict[str, Any]:
+            """A tenant's current version, labels, metrics and size."""
+            return await self.runners.tenant("show", tenant=check_name(request.tenant))
+
+        @bentoml.api(route="/tenants/delete")
+        @replies_on_error
+        async def delete_tenant(
+            self, request: TenantRequest, /, ctx: bentoml.Context
+        ) -> dict[str, Any]:
+            """Remove a tenant."""
+            return await self.runners.tenant("delete", tenant=check_name(request.tenant))

@@ -48,3 +48,11 @@ class TokenizerSettings(BaseSettings):
     tf_url: str | None = Field(
         None, description="Reach the TF runner at this URL; unset: same graph."
     )
+    tenant_url: str | None = Field(
+        None, description="Reach the tenant runner at this URL; unset: same graph."
+    )
+    admin_enabled: bool = Field(
+        True,
+        description="Serve the tenant registry (/tenants/train, upload, list, show, delete) on this public "
+        "service. Set false in production to keep them off the public port: the endpoints then do not exist.",
+    )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -14,9 +15,16 @@ LOGS = ROOT / "build" / "test-logs"
 
 
 @pytest.fixture(scope="session")
-def graph() -> Iterator[str]:
-    """The whole graph (tokenizer + ONNX + TF runners) as `make serve` runs it."""
-    server = bentoml_serve(".", LOGS / "graph.log")
+def tenant_store() -> Path:
+    path = ROOT / "build" / "test-tenants"
+    shutil.rmtree(path, ignore_errors=True)
+    return path
+
+
+@pytest.fixture(scope="session")
+def graph(tenant_store: Path) -> Iterator[str]:
+    """The whole graph (tokenizer + ONNX, TF and tenant runners) as `make serve` runs it."""
+    server = bentoml_serve(".", LOGS / "graph.log", env={"BUNDLE_TENANTS_STORE": str(tenant_store)})
     with server:
         yield server.url
 

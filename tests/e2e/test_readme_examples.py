@@ -22,7 +22,7 @@ def curl_commands() -> list[str]:
 
 def test_readme_curl_examples_work(graph: str) -> None:
     commands = curl_commands()
-    assert len(commands) == 4
+    assert len(commands) == 6
     port = graph.rsplit(":", 1)[1]
     for command in commands:
         command = command.replace("localhost:3000", f"127.0.0.1:{port}").replace(
@@ -34,3 +34,5 @@ def test_readme_curl_examples_work(graph: str) -> None:
         assert body, command
         if "/similarity" in command:
             assert abs(body["scores"][0] - 0.755) < 0.01
+        if "/classify" in command:
+            assert body["intents"] == ["order_status", "greeting"]

@@ -1,0 +1,165 @@
+"""The multi-tenant runner: per-tenant intent classifiers, loaded on demand under a memory budget.
+
+Each loaded model gets its own batcher (requests of one tenant are batched together); all of them
+share one engine thread. Registry operations (train, upload, list, show, delete) live here too, so
+the store has one writer per host.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import bentoml
+from pydantic import BaseModel, Field
+
+from models.sentencepiece_build import TRAINER
+from runners.batching import Batcher
+from runners.batching.metrics import Recorder
+from runners.errors import replies_on_error
+from runners.protocol import timing_headers
+from runners.tenants import registry
+from runners.tenants.cache import ModelCache
+from runners.tenants.loader import LoadedModel, load
+from runners.tenants.metrics import LOAD_SECONDS, Exporter
+from runners.tenants.settings import TenantRunnerSettings
+from runners.tenants.store import TenantStore, check_name
+
+SETTINGS = TenantRunnerSettings()
+SPM_VOCAB = TRAINER["vocab_size"]
+
+SpmIds = Annotated[
+    list[
+        Annotated[
+            list[Annotated[int, Field(ge=0, lt=SPM_VOCAB)]], Field(min_length=1, max_length=512)
+        ]
+    ],
+    Field(min_length=1, max_length=1024),
+]
+Format = Literal["onnx", "tf"]
+
+
+class Classified(BaseModel):
+    intents: list[str]
+    scores: list[float]
+    version: str
+
+
+class Registered(BaseModel):
+    tenant: str
+    version: str
+    labels: list[str]
+    bytes: int
+    metrics: dict[str, float]
+
+
+@bentoml.service(name="tenant_runner", **SETTINGS.service_config())
+class TenantRunner:
+    def __init__(self) -> None:
+        self.store = TenantStore(SETTINGS.store, keep_versions=SETTINGS.keep_versions)
+        self.store.clean_staging()
+        self.engine_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tenant-engine")
+        self.load_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tenant-load")
+        self.recorder = Recorder("tenant_runner", "tenants")
+        self.export_metrics = Exporter()
+        self.cache = ModelCache(
+            SETTINGS.budget_bytes,
+            self._load,
+            on_evict=lambda model: model.batcher.close_when_idle(),
+            on_load=LOAD_SECONDS.observe,
+        )
+        self.training = asyncio.Semaphore(
+            1
+        )  # one training at a time: it competes with serving for the cores
+
+    async def _load(self, tenant: str, version: str) -> LoadedModel:
+        _, directory = self.store.require(tenant)
+        directory = directory.parent / version
+        loop = asyncio.get_running_loop()
+        model = await loop.run_in_executor(
+            self.load_thread, load, tenant, version, directory, SETTINGS.threads
+        )
+        model.batcher = Batcher(
+            model.engine, SETTINGS.policy, executor=self.engine_thread, recorder=self.recorder
+        )
+        return model
+
+    @bentoml.api(route="/classify")
+    @replies_on_error
+    async def classify(self, tenant: str, ids: SpmIds, ctx: bentoml.Context) -> Classified:
+        """Intent of each token-id sequence, with the tenant model version that answered."""
+        check_name(tenant)
+        version, _ = self.store.require(tenant)
+        misses = self.cache.stats.misses
+        try:
+            model = await self.cache.get(tenant, version)
+        finally:
+            self.export_metrics(self.cache.stats)
+        cache = "hit" if self.cache.stats.misses == misses else "miss"
+        probabilities, timing = await model.batcher.submit(ids)
+        ctx.response.headers.update(
+            timing_headers(timing.queue_s * 1000, timing.inference_s * 1000)
+        )
+        ctx.response.headers["X-Tenant-Cache"] = cache
+        best = probabilities.argmax(axis=1)
+        return Classified(
+            intents=[model.labels[i] for i in best],
+            scores=[float(probabilities[row, i]) for row, i in enumerate(best)],
+            version=model.version,
+        )
+
+    @bentoml.api(route="/tenants/train")
+    @replies_on_error
+    async def train(
+        self,
+        tenant: str,
+        ids: SpmIds,
+        intents: list[str],
+        ctx: bentoml.Context,
+        format: Format = "onnx",
+    ) -> Registered:
+        """Train a classifier from examples, export it, register it as the tenant's new version."""
+        check_name(tenant)
+        async with self.training:
+            published = await asyncio.to_thread(
+                registry.train, self.store, tenant, ids, intents,
+                vocab=SPM_VOCAB, fmt=format, dim=SETTINGS.train_dim, epochs=SETTINGS.train_epochs,
+            )  # fmt: skip
+        return Registered(**vars(published))
+
+    @bentoml.api(route="/tenants/upload")
+    @replies_on_error
+    async def upload(self, tenant: str, file: Path, ctx: bentoml.Context) -> Registered:
+        """Register a model archive (.tar.gz: manifest.json + model.onnx or saved_model/) after checking it."""
+        check_name(tenant)
+        published = await asyncio.to_thread(
+            registry.upload, self.store, tenant, file, SETTINGS.max_upload_bytes
+        )
+        return Registered(**vars(published))
+
+    @bentoml.api(route="/tenants/list")
+    async def list_tenants(self) -> list[str]:
+        """Names of every registered tenant."""
+        return await asyncio.to_thread(self.store.names)
+
+    @bentoml.api(route="/tenants/show")
+    @replies_on_error
+    async def show(self, tenant: str, ctx: bentoml.Context) -> dict[str, Any]:
+        """A tenant's current version, labels, metrics and size."""
+        return self.store.show(check_name(tenant))
+
+    @bentoml.api(route="/tenants/delete")
+    @replies_on_error
+    async def delete(self, tenant: str, ctx: bentoml.Context) -> dict[str, Any]:
+        """Remove a tenant; requests already running on its model finish."""
+        self.store.delete(check_name(tenant))
+        self.cache.drop(tenant)
+        self.export_metrics(self.cache.stats)
+        return {"tenant": tenant, "deleted": True}
+
+    @bentoml.api(route="/tenants/stats")
+    async def stats(self) -> dict[str, float]:
+        """Cache figures of this worker: loaded models, bytes against budget, hits, misses, evictions."""
+        return dict(vars(self.cache.stats))

@@ -1,0 +1,56 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import Field
+from pydantic_settings import SettingsConfigDict
+
+from models import contracts
+from runners.settings import RunnerSettings
+
+
+def default_store() -> Path:
+    from bentoml._internal.configuration.containers import BentoMLContainer
+
+    return Path(BentoMLContainer.bentoml_home.get()) / "tenants"
+
+
+class TenantRunnerSettings(RunnerSettings):
+    """The multi-tenant runner. Environment overrides: BUNDLE_TENANTS_<FIELD>."""
+
+    model_config = SettingsConfigDict(env_prefix="BUNDLE_TENANTS_")
+
+    intra_op_threads: int | None = Field(
+        1,
+        ge=1,
+        description="Engine threads per model: tenant models are tiny, a second thread only adds overhead.",
+    )
+    store: Path = Field(
+        default_factory=default_store,
+        description="Tenant store directory (default: $BENTOML_HOME/tenants).",
+    )
+    memory_budget_mb: float = Field(
+        256,
+        gt=0,
+        description="Loaded models may use this much (their on-disk size); LRU evicts beyond it.",
+    )
+    max_upload_mb: float = Field(16, gt=0, description="Largest model archive accepted by upload.")
+    keep_versions: int = Field(
+        3, ge=1, description="Versions kept per tenant (the current one included)."
+    )
+    train_dim: int = Field(
+        256, ge=8, le=1024, description="Embedding size of models trained through /tenants/train."
+    )
+    train_epochs: int = Field(30, ge=1, le=500, description="Training epochs for /tenants/train.")
+    sentencepiece_model: str = Field(
+        f"{contracts.SENTENCEPIECE}:latest",
+        description="The SentencePiece model tenant models are trained on (vocabulary size).",
+    )
+
+    @property
+    def budget_bytes(self) -> int:
+        return int(self.memory_budget_mb * 1024 * 1024)
+
+    @property
+    def max_upload_bytes(self) -> int:
+        return int(self.max_upload_mb * 1024 * 1024)

@@ -1,0 +1,131 @@
+"""Tenants end to end through the real graph: train over HTTP, classify, upload a new version."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import httpx
+import pytest
+import sentencepiece
+
+from models import contracts, store
+from runners.tenants import demo, registry
+from runners.tenants.store import TenantStore
+
+
+def examples(index: int) -> list[dict[str, str]]:
+    return [{"text": t, "intent": i} for t, i in demo.tenant(index).train]
+
+
+def accuracy(
+    client: httpx.Client, tenant: str, phrases: list[tuple[str, str]]
+) -> tuple[float, str]:
+    resp = client.post("/classify", json={"tenant": tenant, "texts": [t for t, _ in phrases]})
+    assert resp.status_code == 200, resp.text
+    body = resp.json()
+    hits = sum(got == want for got, (_, want) in zip(body["intents"], phrases, strict=True))
+    assert all(0 < s <= 1 for s in body["scores"])
+    return hits / len(phrases), body["version"]
+
+
+@pytest.mark.parametrize(("tenant", "index", "fmt"), [("acme", 5, "onnx"), ("globex", 7, "tf")])
+def test_train_over_http_then_classify(
+    client: httpx.Client, tenant: str, index: int, fmt: str
+) -> None:
+    resp = client.post(
+        "/tenants/train", json={"tenant": tenant, "examples": examples(index), "format": fmt}
+    )
+    assert resp.status_code == 200, resp.text
+    trained = resp.json()
+    assert trained["labels"] == sorted({i for _, i in demo.tenant(index).train})
+    score, version = accuracy(client, tenant, demo.tenant(index).heldout_phrases)
+    assert score >= 0.9 and version == trained["version"]
+    shown = client.post("/tenants/show", json={"tenant": tenant}).json()
+    assert shown["version"] == version and shown["format"] == fmt and shown["source"] == "train"
+    assert tenant in client.post("/tenants/list", json={}).json()
+
+
+def test_upload_a_new_version_and_classify_with_it(client: httpx.Client, tmp_path: Path) -> None:
+    client.post(
+        "/tenants/train", json={"tenant": "initech", "examples": examples(9)}
+    ).raise_for_status()
+    _, before = accuracy(client, "initech", demo.tenant(9).heldout_phrases)
+    # A new model for the same tenant, built elsewhere (another tenant's data) and uploaded as an archive.
+    elsewhere = TenantStore(tmp_path / "elsewhere")
+    spm = sentencepiece.SentencePieceProcessor(
+        model_file=str(store.path_of(contracts.SENTENCEPIECE) / "spiece.model")
+    )
+    spec = demo.tenant(11)
+    registry.train(
+        elsewhere,
+        "draft",
+        spm.encode([t for t, _ in spec.train]),
+        [i for _, i in spec.train],
+        vocab=2000,
+        dim=128,
+    )
+    archive = elsewhere.archive("draft", tmp_path / "draft.tar.gz")
+    resp = client.post(
+        "/tenants/upload",
+        data={"tenant": "initech"},
+        files={"file": ("draft.tar.gz", archive.read_bytes(), "application/gzip")},
+    )
+    assert resp.status_code == 200, resp.text
+    uploaded = resp.json()
+    assert uploaded["version"] != before
+    score, after = accuracy(client, "initech", spec.heldout_phrases)
+    assert after == uploaded["version"] and score >= 0.9
+
+
+def test_a_corrupt_upload_is_refused_and_the_tenant_keeps_serving(client: httpx.Client) -> None:
+    client.post(
+        "/tenants/train", json={"tenant": "umbrella", "examples": examples(13)}
+    ).raise_for_status()
+    _, version = accuracy(client, "umbrella", demo.tenant(13).heldout_phrases)
+    resp = client.post(
+        "/tenants/upload",
+        data={"tenant": "umbrella"},
+        files={"file": ("x.tar.gz", b"\x1f\x8bnot really", "application/gzip")},
+    )
+    assert resp.status_code == 422, resp.text
+    _, still = accuracy(client, "umbrella", demo.tenant(13).heldout_phrases)
+    assert still == version
+
+
+def test_unknown_tenant_is_404_naming_it(client: httpx.Client) -> None:
+    resp = client.post("/classify", json={"tenant": "nobody-here", "texts": ["hello"]})
+    assert resp.status_code == 404 and "nobody-here" in resp.text
+
+
+@pytest.mark.parametrize("name", ["../x", "a/b", "x" * 300, "Bad Name", "a.b"])
+def test_invalid_tenant_names_are_422(client: httpx.Client, name: str) -> None:
+    for path, body in (
+        ("/classify", {"tenant": name, "texts": ["hi"]}),
+        ("/tenants/show", {"tenant": name}),
+    ):
+        resp = client.post(path, json=body)
+        assert resp.status_code == 422, (path, resp.text)
+        assert "invalid tenant name" in resp.text
+
+
+def test_delete_then_the_tenant_is_unknown(client: httpx.Client) -> None:
+    client.post(
+        "/tenants/train", json={"tenant": "doomed", "examples": examples(15)}
+    ).raise_for_status()
+    assert client.post("/classify", json={"tenant": "doomed", "texts": ["hi"]}).status_code == 200
+    assert client.post("/tenants/delete", json={"tenant": "doomed"}).json() == {
+        "tenant": "doomed",
+        "deleted": True,
+    }
+    assert client.post("/classify", json={"tenant": "doomed", "texts": ["hi"]}).status_code == 404
+
+
+def test_training_with_one_intent_is_refused(client: httpx.Client) -> None:
+    resp = client.post(
+        "/tenants/train",
+        json={
+            "tenant": "solo",
+            "examples": [{"text": "hi", "intent": "a"}, {"text": "yo", "intent": "a"}],
+        },
+    )
+    assert resp.status_code == 422 and "two intents" in resp.text
