@@ -14,7 +14,7 @@ export TOKENIZERS_PARALLELISM := false
 
 N ?= 1000
 
-.PHONY: help install models parity tenants tenant-figures serve test lint format clean
+.PHONY: help install models parity bench tenants tenant-figures serve test lint format clean
 
 help: ## List the targets
 	@awk 'BEGIN {FS = ":.*## "} /^[a-z][a-z0-9-]*:.*## / {printf "  make %-16s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -36,6 +36,9 @@ parity: models ## Parity report of every backend against PyTorch (build/parity.j
 
 tenants: models ## Build N demo tenants (default 1000) into the tenant store, reusing those built
 	$(PY) -m runners.tenants demo --count $(N) $(if $(FORCE),--force)
+
+bench: models ## Side-by-side benchmark: raw engine, this stack, FastAPI, naive BentoML (BENCH_QUICK=1: short)
+	$(PY) -m loadtests.bench
 
 tenant-figures: tenants ## Zipf load over the N demo tenants with a 10 % memory budget: latency, hit rate, RSS
 	$(PY) -m loadtests.tenant_figures --tenants $(N)

@@ -31,6 +31,9 @@ def _arguments(parser) -> None:
     parser.add_argument(
         "--max-p95-ms", type=float, default=0.0, help="fail the run above this p95 (0: no limit)"
     )
+    parser.add_argument(
+        "--backend", default="", help="backend field for /embed (the stack only): onnx-int8, tf"
+    )
 
 
 @events.quitting.add_listener
@@ -57,6 +60,8 @@ class _User(FastHttpUser):
 
     def on_start(self) -> None:
         self.rng = random.Random()
+        backend = self.environment.parsed_options.backend if self.environment.parsed_options else ""
+        self.extra = {"backend": backend} if backend else {}
 
     def post(self, path: str, body: dict, check, name: str | None = None) -> None:
         with self.client.post(path, json=body, name=name or path, catch_response=True) as response:
@@ -73,9 +78,8 @@ class ChatUser(_User):
 
     @task
     def embed_one(self) -> None:
-        self.post(
-            "/embed", {"texts": [self.rng.choice(TEXTS)]}, _embeddings(1), name="/embed [chat]"
-        )
+        body = {"texts": [self.rng.choice(TEXTS)], **self.extra}
+        self.post("/embed", body, _embeddings(1), name="/embed [chat]")
 
 
 class BulkUser(_User):
@@ -83,8 +87,8 @@ class BulkUser(_User):
 
     @task
     def embed_bulk(self) -> None:
-        texts = self.rng.sample(TEXTS, BULK)
-        self.post("/embed", {"texts": texts}, _embeddings(BULK), name="/embed [bulk]")
+        body = {"texts": self.rng.sample(TEXTS, BULK), **self.extra}
+        self.post("/embed", body, _embeddings(BULK), name="/embed [bulk]")
 
 
 class SimilarityUser(_User):

@@ -1,7 +1,8 @@
 """Start a server on a free loopback port, wait until it is ready, stop it by PID with its children.
 
-Used by the end-to-end tests and the benchmark. The server runs in a new session, so its PID is
-also its process group: stopping it signals that group, never anything matched by name.
+Used by the end-to-end tests and the benchmark. Stopping signals the server's PID and the PIDs of
+its descendants, collected from the process tree (BentoML starts each worker in a session of its
+own, so a process-group signal would miss them); nothing is ever matched by name.
 """
 
 from __future__ import annotations
@@ -17,6 +18,8 @@ import urllib.request
 from collections.abc import Sequence
 from pathlib import Path
 
+import psutil
+
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
 
@@ -29,9 +32,15 @@ def free_port() -> int:
 
 class Server:
     def __init__(
-        self, argv: Sequence[str], port: int, log: Path, env: dict[str, str] | None = None
+        self,
+        argv: Sequence[str],
+        port: int,
+        log: Path,
+        env: dict[str, str] | None = None,
+        ready_path: str = "/readyz",
     ) -> None:
         self.argv = list(argv)
+        self.ready_path = ready_path
         self.port = port
         self.log = log
         self.env = {**os.environ, "BENTOML_DO_NOT_TRACK": "True", **(env or {})}
@@ -41,7 +50,7 @@ class Server:
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
-    def start(self, ready_path: str = "/readyz", timeout_s: float = 180) -> Server:
+    def start(self, timeout_s: float = 180) -> Server:
         self.log.parent.mkdir(parents=True, exist_ok=True)
         with self.log.open("wb") as out:
             self.proc = subprocess.Popen(
@@ -59,7 +68,7 @@ class Server:
                     f"{self.argv[:3]} exited with {self.proc.returncode}:\n{self.tail()}"
                 )
             try:
-                with urllib.request.urlopen(self.url + ready_path, timeout=2) as resp:
+                with urllib.request.urlopen(self.url + self.ready_path, timeout=2) as resp:
                     if resp.status == 200:
                         return self
             except OSError:
@@ -70,18 +79,28 @@ class Server:
             f"{self.argv[:3]} not ready on port {self.port} after {timeout_s} s:\n{self.tail()}"
         )
 
+    def descendants(self) -> list[psutil.Process]:
+        if self.proc is None:
+            return []
+        try:
+            return psutil.Process(self.proc.pid).children(recursive=True)
+        except psutil.NoSuchProcess:
+            return []
+
     def stop(self, grace_s: float = 20) -> None:
         if self.proc is None or self.proc.poll() is not None:
             return
-        pgid = self.proc.pid  # start_new_session: the group is the server's own PID
-        os.killpg(pgid, signal.SIGTERM)
+        children = self.descendants()
+        self.proc.send_signal(signal.SIGTERM)  # the server shuts its workers down itself
         try:
             self.proc.wait(grace_s)
         except subprocess.TimeoutExpired:
-            os.killpg(pgid, signal.SIGKILL)
+            self.proc.kill()
             self.proc.wait()
-        with contextlib.suppress(ProcessLookupError):  # children that outlived their parent
-            os.killpg(pgid, signal.SIGKILL)
+        _, alive = psutil.wait_procs(children, timeout=5)
+        for child in alive:  # whatever outlived the server, by PID
+            with contextlib.suppress(psutil.NoSuchProcess):
+                child.kill()
 
     def tail(self, lines: int = 40) -> str:
         try:

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
@@ -57,15 +56,13 @@ class ModelCache:
         return await asyncio.shield(self._loading[key])
 
     async def _load(self, key: Key) -> LoadedModel:
-        started = time.perf_counter()
         try:
             model = await self.load(*key)
         finally:
             del self._loading[key]
-        seconds = time.perf_counter() - started
         self.stats.loads += 1
-        self.stats.load_seconds += seconds
-        self.on_load(seconds)
+        self.stats.load_seconds += model.load_seconds
+        self.on_load(model.load_seconds)
         self._insert(key, model)
         return model
 

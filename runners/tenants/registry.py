@@ -44,7 +44,7 @@ def _checked_publish(store: TenantStore, tenant: str, staged: Path) -> Published
     except BaseException:
         discard(staged)
         raise
-    return Published(tenant, version, model.labels, model.nbytes, metrics)
+    return Published(tenant, version, model.labels, model.file_bytes, metrics)
 
 
 def train(
