@@ -4,6 +4,7 @@
     locust -f loadtests/locustfile.py ChatUser --headless -u 16 -r 16 -t 30s \\
            --host http://127.0.0.1:3000 --max-fail-ratio 0 --max-p95-ms 1000 --html build/locust.html
     locust -f loadtests/locustfile.py,loadtests/ramp.py BulkUser --headless ...          # 16 -> 160 users
+    locust -f loadtests/locustfile.py TenantUser --tenants 1000 --headless ...            # make tenants first
 
 Texts come from the project's corpus (models/corpus.py): prose and chat utterances of 3-120 word
 pieces, drawn at random. Users send back to back (no think time): a closed loop at full load.
@@ -19,6 +20,7 @@ from locust.env import Environment
 from models import corpus
 
 TEXTS = corpus.load_texts()
+CHATS = [text for text, _ in corpus.chat_utterances()]
 PAIRS = corpus.sentence_pairs(600, seed=7)
 BULK = 32
 
@@ -33,6 +35,12 @@ def _arguments(parser) -> None:
     )
     parser.add_argument(
         "--backend", default="", help="backend field for /embed (the stack only): onnx-int8, tf"
+    )
+    parser.add_argument(
+        "--tenants",
+        type=int,
+        default=1000,
+        help="TenantUser: demo tenants 1..N (make tenants N=...)",
     )
 
 
@@ -106,6 +114,32 @@ class InferenceUser(_User):
     @task
     def inference(self) -> None:
         self.post("/inference", {"input_text": self.rng.choice(TEXTS)}, _outputs)
+
+
+class TenantUser(_User):
+    """Seed 000's per-customer NLU: /classify for a tenant drawn Zipf-style (s=1.1) from N."""
+
+    def on_start(self) -> None:
+        super().on_start()
+        count = self.environment.parsed_options.tenants if self.environment.parsed_options else 1000
+        self.names = [f"tenant-{i:04d}" for i in range(1, count + 1)]
+        self.rng.shuffle(self.names)  # popularity unrelated to the tenant number
+        self.weights = [1 / rank**1.1 for rank in range(1, count + 1)]
+
+    @task
+    def classify(self) -> None:
+        tenant = self.rng.choices(self.names, self.weights)[0]
+        body = {"tenant": tenant, "texts": [self.rng.choice(CHATS)]}
+        self.post("/classify", body, _classified(1))
+
+
+def _classified(count: int):
+    def check(body: dict) -> str | None:
+        if len(body.get("intents", [])) != count or not body.get("version"):
+            return f"expected {count} intents and a version"
+        return None
+
+    return check
 
 
 def _embeddings(count: int):

@@ -25,8 +25,9 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from models.features import Feeds, pad
-from runners.batching.errors import DeadlineExceeded, QueueFull
-from runners.batching.grouping import CALL_OVERHEAD_TOKENS, efficiency, plan
+from runners.batching.admission import Admission
+from runners.batching.errors import DeadlineExceeded
+from runners.batching.grouping import CALL_OVERHEAD_TOKENS, plan
 
 Engine = Callable[[Feeds], np.ndarray]
 
@@ -100,9 +101,9 @@ class Batcher:
         self.recorder = recorder or NullRecorder()
         self._executor = executor or ThreadPoolExecutor(max_workers=1, thread_name_prefix="engine")
         self._queue: collections.deque[_Request] = collections.deque()
-        self._queued_tokens = 0
-        self._inflight_tokens = 0
-        self._tokens_per_s = tokens_per_s
+        self.admission = Admission(
+            policy.max_queue_tokens, policy.deadline_s, tokens_per_s, on_shed=self.recorder.shed
+        )
         self._wakeup = asyncio.Event()
         self._task: asyncio.Task | None = None
         self._closing = False
@@ -112,11 +113,7 @@ class Batcher:
     @property
     def tokens_per_s(self) -> float:
         """Measured engine speed (real tokens per second of engine time, moving average)."""
-        return self._tokens_per_s
-
-    def backlog_s(self) -> float:
-        """Seconds of work queued or running, at the measured speed."""
-        return (self._queued_tokens + self._inflight_tokens) / self._tokens_per_s
+        return self.admission.tokens_per_s
 
     async def submit(
         self, sequences: Sequence[Sequence[int]], deadline_s: float | None = None
@@ -126,20 +123,7 @@ class Batcher:
             raise ValueError("sequences must be a non-empty list of non-empty sequences")
         self._ensure_running()
         tokens = sum(len(s) for s in sequences)
-        budget = self.policy.deadline_s if deadline_s is None else deadline_s
-        if self._queued_tokens + tokens > self.policy.max_queue_tokens and self._queue:
-            self.recorder.shed("queue_full")
-            raise QueueFull(
-                self.backlog_s(),
-                f"queue full ({self._queued_tokens} tokens waiting, limit {self.policy.max_queue_tokens})",
-            )
-        expected = self.backlog_s() + tokens / self._tokens_per_s
-        if expected > budget and self._queue:
-            self.recorder.shed("deadline")
-            raise DeadlineExceeded(
-                expected - budget,
-                f"cannot finish within {budget:.2f} s (about {expected:.2f} s of work ahead)",
-            )
+        budget = self.admission.admit(tokens, deadline_s)
         now = time.monotonic()
         request = _Request(
             sequences=sequences,
@@ -150,8 +134,7 @@ class Batcher:
             remaining=len(sequences),
         )
         self._queue.append(request)
-        self._queued_tokens += tokens
-        self.recorder.queue_depth(self._queued_tokens)
+        self.recorder.queue_depth(self.admission.waiting)
         self._wakeup.set()
         # Awaiting the future directly: if the caller is cancelled, so is the future, and the
         # loop skips the request instead of computing it for nobody.
@@ -171,6 +154,7 @@ class Batcher:
                 await self._task
             self._task = None
         for request in self._queue:
+            self.admission.cancelled(request.tokens)
             if not request.future.done():
                 request.future.set_exception(DeadlineExceeded(1, "runner is shutting down"))
         self._queue.clear()
@@ -198,21 +182,18 @@ class Batcher:
             not taken or tokens + self._queue[0].tokens <= self.policy.round_tokens
         ):
             request = self._queue.popleft()
-            self._queued_tokens -= request.tokens
             if request.future.done():  # cancelled by its caller
+                self.admission.cancelled(request.tokens)
                 continue
             if now > request.deadline:
-                self.recorder.shed("deadline")
-                request.future.set_exception(
-                    DeadlineExceeded(self.backlog_s(), "deadline passed while queued")
-                )
+                request.future.set_exception(self.admission.expired(request.tokens))
                 continue
+            self.admission.started(request.tokens)
             request.timing.queue_s = now - request.enqueued
             self.recorder.queued(request.timing.queue_s)
             taken.append(request)
             tokens += request.tokens
-        self._inflight_tokens = tokens
-        self.recorder.queue_depth(self._queued_tokens)
+        self.recorder.queue_depth(self.admission.waiting)
         return taken
 
     async def _run_round(self, requests: list[_Request]) -> None:
@@ -228,7 +209,7 @@ class Batcher:
             members = [owners[i] for i in group.indices]
             real = sum(lengths[i] for i in group.indices)
             if all(request.future.done() for request, _ in members):
-                self._inflight_tokens -= real
+                self.admission.finished(real)
                 continue
             batch = [sequences[i] for i in group.indices]
             call_started = time.monotonic()
@@ -240,14 +221,12 @@ class Batcher:
                 for request, _ in members:
                     if not request.future.done():
                         request.future.set_exception(exc)
-                self._inflight_tokens -= real
+                self.admission.finished(real)
                 continue
             seconds = time.monotonic() - call_started
-            self._inflight_tokens -= real
-            self._tokens_per_s = 0.8 * self._tokens_per_s + 0.2 * (real / max(seconds, 1e-6))
+            self.admission.finished(real, seconds)
             self.recorder.engine_call(len(batch), group.padded_tokens, real, seconds)
             self._deliver(members, out, time.monotonic() - started)
-        self._inflight_tokens = 0
 
     @staticmethod
     def _deliver(members: list[tuple[_Request, int]], out: np.ndarray, elapsed: float) -> None:
@@ -264,11 +243,3 @@ class Batcher:
             if request.remaining == 0:
                 request.timing.inference_s = elapsed
                 request.future.set_result(request.rows)
-
-
-def round_efficiency(lengths: Sequence[int], policy: Policy) -> float:
-    """Padding efficiency the planner would reach on these lengths (for reports and tests)."""
-    return efficiency(
-        lengths,
-        plan(lengths, policy.max_batch_tokens, policy.max_batch_rows, policy.call_overhead_tokens),
-    )

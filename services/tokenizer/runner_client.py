@@ -11,9 +11,11 @@ import numpy as np
 from bentoml.exceptions import BentoMLException
 
 from runners.batching import Overloaded
+from runners.batching.admission import Admission
+from runners.batching.metrics import Recorder
 from runners.errors import ApiError
 from services.tokenizer.coalesce import Coalescer, Embedded
-from services.tokenizer.settings import Backend
+from services.tokenizer.settings import Backend, TokenizerSettings
 
 
 class RunnerUnavailable(Overloaded):
@@ -74,7 +76,7 @@ def _embedded(result: Any) -> Embedded:
 class Runners:
     """A coalescer per backend in front of the embedding runners; calls to the tenant runner."""
 
-    def __init__(self, onnx: Any, tf: Any, tenants: Any, inflight: int = 2) -> None:
+    def __init__(self, onnx: Any, tf: Any, tenants: Any, settings: TokenizerSettings) -> None:
         self.tenants = tenants
 
         async def onnx_call(variant: str, ids: list[list[int]]) -> Embedded:
@@ -85,10 +87,18 @@ class Runners:
         async def tf_call(ids: list[list[int]]) -> Embedded:
             return _embedded(await _call("tf_runner", lambda: tf.to_async.embed(ids=ids)))
 
+        def coalescer(backend: Backend, send) -> Coalescer:
+            admission = Admission(
+                settings.max_waiting_tokens,
+                settings.deadline_s,
+                on_shed=Recorder("tokenizer", backend).shed,
+            )
+            return Coalescer(send, max_inflight=settings.runner_inflight, admission=admission)
+
         self.backends: dict[Backend, Coalescer] = {
-            "onnx": Coalescer(lambda ids: onnx_call("fp32", ids), max_inflight=inflight),
-            "onnx-int8": Coalescer(lambda ids: onnx_call("int8", ids), max_inflight=inflight),
-            "tf": Coalescer(tf_call, max_inflight=inflight),
+            "onnx": coalescer("onnx", lambda ids: onnx_call("fp32", ids)),
+            "onnx-int8": coalescer("onnx-int8", lambda ids: onnx_call("int8", ids)),
+            "tf": coalescer("tf", tf_call),
         }
 
     async def embed(self, backend: Backend, ids: list[list[int]]) -> Embedded:

@@ -64,9 +64,7 @@ class Tokenizer:
         self.text = Tokenizers(
             self.wordpiece.path_of("tokenizer.json"), self.sentencepiece.path_of("spiece.model")
         )
-        self.runners = Runners(
-            self.onnx_runner, self.tf_runner, self.tenant_runner, SETTINGS.runner_inflight
-        )
+        self.runners = Runners(self.onnx_runner, self.tf_runner, self.tenant_runner, SETTINGS)
 
     async def _embed(
         self, texts: list[str], backend: Backend, ctx: bentoml.Context

@@ -26,6 +26,16 @@ class TokenizerSettings(BaseSettings):
         ge=1,
         description="Characters per text. Longer inputs get 400; tokens beyond the model's limit are truncated.",
     )
+    max_waiting_tokens: int = Field(
+        131072,
+        ge=1,
+        description="Tokens that may wait for a runner call per backend; beyond this, 429.",
+    )
+    deadline_s: float = Field(
+        10.0,
+        gt=0,
+        description="Time a request may wait here and in the runner; one that cannot make it gets 503.",
+    )
     runner_inflight: int = Field(
         2,
         ge=1,

@@ -215,3 +215,14 @@ def test_concurrent_requests_are_batched_and_none_fail(client: httpx.Client, gra
     rows1, calls1 = rows_sum()
     assert calls1 > calls0
     assert (rows1 - rows0) / (calls1 - calls0) > 1.0, "no engine call held more than one sequence"
+
+
+def test_swagger_ui_and_openapi_are_served(client: httpx.Client) -> None:
+    index = client.get("/")
+    assert index.status_code == 200 and "swagger" in index.text.lower()
+    spec = client.get("/docs.json").json()
+    for path in ("/embed", "/similarity", "/tokenize", "/inference", "/classify"):
+        assert path in spec["paths"]
+    # Unknown fields are refused, and the schema says so.
+    body = spec["paths"]["/embed"]["post"]["requestBody"]["content"]["application/json"]["schema"]
+    assert body.get("additionalProperties") is False

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import time
 
 import numpy as np
 import pytest
 
-from runners.batching import QueueFull
+from runners.batching import DeadlineExceeded, QueueFull
+from runners.batching.admission import Admission
 from services.tokenizer.coalesce import Coalescer, Embedded
 
 
@@ -100,3 +102,41 @@ def test_a_cancelled_request_is_not_sent() -> None:
     kept = asyncio.run(main())
     assert kept.vectors.tolist() == [[3, 1]]
     assert runner.calls == [1, 1]
+
+
+def test_waiting_beyond_the_token_limit_is_refused_at_once_with_429() -> None:
+    runner = FakeRunner(delay_s=0.2)
+
+    async def main():
+        coalescer = Coalescer(runner, max_inflight=1, admission=Admission(max_queue_tokens=10, deadline_s=60))
+        first = asyncio.create_task(coalescer.embed([[1] * 4]))  # sent at once
+        await asyncio.sleep(0.01)
+        waiting = asyncio.create_task(coalescer.embed([[2] * 8]))  # waits: 8 tokens
+        await asyncio.sleep(0.01)
+        started = time.perf_counter()
+        with pytest.raises(QueueFull) as info:
+            await coalescer.embed([[3] * 4])  # 8 + 4 > 10
+        refused_in = time.perf_counter() - started
+        await asyncio.gather(first, waiting)
+        return info.value, refused_in
+
+    error, refused_in = asyncio.run(main())
+    assert error.status == 429 and error.retry_after >= 1 and refused_in < 0.05
+
+
+def test_a_request_whose_deadline_passes_while_waiting_gets_503_and_is_not_sent() -> None:
+    runner = FakeRunner(delay_s=0.3)
+
+    async def main():
+        admission = Admission(max_queue_tokens=1000, deadline_s=0.1, tokens_per_s=1e9)
+        coalescer = Coalescer(runner, max_inflight=1, admission=admission)
+        first = asyncio.create_task(coalescer.embed([[1]]))
+        await asyncio.sleep(0.01)
+        late = await asyncio.gather(coalescer.embed([[7, 7]]), return_exceptions=True)
+        await first
+        return late[0], admission
+
+    outcome, admission = asyncio.run(main())
+    assert isinstance(outcome, DeadlineExceeded) and outcome.status == 503
+    assert runner.calls == [1]
+    assert admission.waiting == 0 and admission.running == 0

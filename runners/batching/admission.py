@@ -1,0 +1,68 @@
+"""Admission control: a bounded queue (429) and a deadline at the measured speed (503).
+
+Shared by the runner's batcher and the tokenizer service's coalescer, so a request is refused at
+once wherever it would otherwise wait: the same limits, the same Retry-After arithmetic.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from runners.batching.errors import DeadlineExceeded, QueueFull
+
+
+@dataclass
+class Admission:
+    max_queue_tokens: int
+    deadline_s: float
+    tokens_per_s: float = 10_000.0  # seeds the estimate until work is measured
+    on_shed: Callable[[str], None] = field(default=lambda reason: None, repr=False)
+    waiting: int = 0  # tokens admitted, not yet started
+    running: int = 0  # tokens started, not yet finished
+
+    def backlog_s(self) -> float:
+        """Seconds of work waiting or running, at the measured speed."""
+        return (self.waiting + self.running) / self.tokens_per_s
+
+    def admit(self, tokens: int, deadline_s: float | None = None) -> float:
+        """Count ``tokens`` as waiting and return the request's time budget, or refuse it.
+
+        Nothing is refused while nothing waits: a lone request, however large, is served.
+        """
+        budget = self.deadline_s if deadline_s is None else deadline_s
+        if self.waiting:
+            if self.waiting + tokens > self.max_queue_tokens:
+                self.on_shed("queue_full")
+                raise QueueFull(
+                    self.backlog_s(),
+                    f"queue full ({self.waiting} tokens waiting, limit {self.max_queue_tokens})",
+                )
+            expected = self.backlog_s() + tokens / self.tokens_per_s
+            if expected > budget:
+                self.on_shed("deadline")
+                raise DeadlineExceeded(
+                    expected - budget,
+                    f"cannot finish within {budget:.2f} s (about {expected:.2f} s of work ahead)",
+                )
+        self.waiting += tokens
+        return budget
+
+    def expired(self, tokens: int) -> DeadlineExceeded:
+        """A waiting request whose deadline passed: forget its tokens, return the error to raise."""
+        self.waiting -= tokens
+        self.on_shed("deadline")
+        return DeadlineExceeded(self.backlog_s(), "deadline passed while queued")
+
+    def cancelled(self, tokens: int) -> None:
+        self.waiting -= tokens
+
+    def started(self, tokens: int) -> None:
+        self.waiting -= tokens
+        self.running += tokens
+
+    def finished(self, tokens: int, seconds: float | None = None) -> None:
+        """``seconds``: how long the work took, to refine the speed (moving average)."""
+        self.running -= tokens
+        if seconds:
+            self.tokens_per_s = 0.8 * self.tokens_per_s + 0.2 * (tokens / max(seconds, 1e-6))
