@@ -54,8 +54,9 @@ class Point:
     requests_per_s: float
     p50_ms: float
     p99_ms: float
-    requests: int
-    failures: int
+    requests: int  # not shed (served, or failed otherwise)
+    failures: int  # of those, failed (wrong answer, 5xx other than 503)
+    shed: int  # refused with 429/503 + Retry-After (the users then back off)
     loadgen_cpu_share: float  # Locust's CPU seconds / (wall seconds x cores)
 
 
@@ -108,17 +109,30 @@ def locust_point(
     cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
     try:
         with open(f"{prefix}_stats.csv") as fh:
-            total = next(row for row in csv.DictReader(fh) if row["Name"] == "Aggregated")
+            rows = list(csv.DictReader(fh))
+        total = next(row for row in rows if row["Name"] == "Aggregated")
     except (OSError, StopIteration):
         raise RuntimeError(
             f"locust produced no stats for {system}/{workload}/{users}: {proc.stderr[-1500:]}"
         ) from None
-    rps = float(total["Requests/s"])
+    served_rows = [
+        r for r in rows if r["Name"] != "Aggregated" and not r["Name"].endswith("[shed]")
+    ]
+    shed = sum(int(r["Request Count"]) for r in rows if r["Name"].endswith("[shed]"))
+    served = (
+        served_rows[0]
+        if served_rows
+        else {"Request Count": "0", "Failure Count": "0", "50%": "N/A", "99%": "N/A"}
+    )
+    count, failed = int(served["Request Count"]), int(served["Failure Count"])
+    # Locust's Requests/s counts failures and shed requests too: scale it to the successful ones.
+    total_count = int(total["Request Count"])
+    ok_rps = float(total["Requests/s"]) * (count - failed) / total_count if total_count else 0.0
     return Point(
         system, workload, users,
-        sentences_per_s=rps * per_request, requests_per_s=rps,
-        p50_ms=_number(total["50%"]), p99_ms=_number(total["99%"]),
-        requests=int(total["Request Count"]), failures=int(total["Failure Count"]),
+        sentences_per_s=ok_rps * per_request, requests_per_s=ok_rps,
+        p50_ms=_number(served["50%"]), p99_ms=_number(served["99%"]),
+        requests=count, failures=failed, shed=shed,
         loadgen_cpu_share=cpu / (wall * (os.cpu_count() or 1)),
     )  # fmt: skip
 
@@ -200,8 +214,8 @@ def markdown(points: list[Point], rows: list[dict], raw: dict) -> str:
         f"{raw['fp32']['sentences_per_s']:.0f} sentences/s; int8: {raw['int8']['sentences_per_s']:.0f} "
         f"({raw['int8']['sentences_per_s'] / raw['fp32']['sentences_per_s']:.2f}x).",
         "",
-        "| workload | users | system | sentences/s | p50 ms | p99 ms | failures | load-gen CPU | served/raw | stack ÷ this |",
-        "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|",
+        "| workload | users | system | sentences/s | p50 ms | p99 ms | failures | shed | load-gen CPU | served/raw | stack ÷ this |",
+        "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     by_key = {(r["workload"], r["users"]): r for r in rows}
     for p in sorted(
@@ -210,12 +224,12 @@ def markdown(points: list[Point], rows: list[dict], raw: dict) -> str:
         row = by_key[(p.workload, p.users)]
         stack = row["stack_sentences_per_s"]
         if not p.requests:  # nothing completed within the window (latency longer than the point)
-            lines.append(f"| {p.workload} | {p.users} | {p.system} | 0 | — | — | {p.failures} | "
+            lines.append(f"| {p.workload} | {p.users} | {p.system} | 0 | — | — | {p.failures} | {p.shed} | "
                          f"{p.loadgen_cpu_share:.0%} | 0.00 | — |")  # fmt: skip
             continue
         lines.append(
             f"| {p.workload} | {p.users} | {p.system} | {p.sentences_per_s:.0f} | {p.p50_ms:.0f} | {p.p99_ms:.0f} | "
-            f"{p.failures} | {p.loadgen_cpu_share:.0%} | {p.sentences_per_s / row['raw_sentences_per_s']:.2f} | "
+            f"{p.failures} | {p.shed} | {p.loadgen_cpu_share:.0%} | {p.sentences_per_s / row['raw_sentences_per_s']:.2f} | "
             f"{stack / p.sentences_per_s if p.sentences_per_s else float('nan'):.2f} |"
         )
     return "\n".join(lines)
@@ -223,7 +237,8 @@ def markdown(points: list[Point], rows: list[dict], raw: dict) -> str:
 
 def targets(rows: list[dict], points: list[Point]) -> list[tuple[str, bool, str]]:
     at = {(r["workload"], r["users"]): r for r in rows}
-    failures = sum(p.failures for p in points if p.users == MIDDLE and p.system == STACK)
+    # A shed request is a failure to the client that sent it: both count here.
+    failures = sum(p.failures + p.shed for p in points if p.users == MIDDLE and p.system == STACK)
     int8 = [r["int8_over_fp32"] for r in rows if r.get("int8_over_fp32")]
     best = {w: max(r["served_over_raw"] for r in rows if r["workload"] == w) for w in WORKLOADS}
     checks = [

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import random
 
+import gevent
 from locust import FastHttpUser, events, task
 from locust.env import Environment
 
@@ -72,13 +73,21 @@ class _User(FastHttpUser):
         self.extra = {"backend": backend} if backend else {}
 
     def post(self, path: str, body: dict, check, name: str | None = None) -> None:
-        with self.client.post(path, json=body, name=name or path, catch_response=True) as response:
-            if response.status_code != 200:
+        name = name or path
+        retry_after = 0.0
+        with self.client.post(path, json=body, name=name, catch_response=True) as response:
+            if response.status_code in (429, 503):
+                # Shed by the server: a failure, reported under its own name so the stats of
+                # served requests stay clean, and the user backs off as a real client does.
+                response.request_meta["name"] = f"{name} [shed]"
+                response.failure(f"HTTP {response.status_code}: shed")
+                retry_after = float(response.headers.get("Retry-After") or 1)
+            elif response.status_code != 200:
                 response.failure(f"HTTP {response.status_code}: {response.text[:200]}")
-                return
-            problem = check(response.json())
-            if problem:
+            elif problem := check(response.json()):
                 response.failure(problem)
+        if retry_after:
+            gevent.sleep(retry_after)
 
 
 class ChatUser(_User):

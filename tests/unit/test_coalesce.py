@@ -108,7 +108,9 @@ def test_waiting_beyond_the_token_limit_is_refused_at_once_with_429() -> None:
     runner = FakeRunner(delay_s=0.2)
 
     async def main():
-        coalescer = Coalescer(runner, max_inflight=1, admission=Admission(max_queue_tokens=10, deadline_s=60))
+        coalescer = Coalescer(
+            runner, max_inflight=1, admission=Admission(max_queue_tokens=10, deadline_s=60)
+        )
         first = asyncio.create_task(coalescer.embed([[1] * 4]))  # sent at once
         await asyncio.sleep(0.01)
         waiting = asyncio.create_task(coalescer.embed([[2] * 8]))  # waits: 8 tokens
