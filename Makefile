@@ -13,8 +13,16 @@ export BENTOML_DO_NOT_TRACK := True
 export TOKENIZERS_PARALLELISM := false
 
 N ?= 1000
+# Where no image registry is reachable, images build on a local Debian base (deploy/README.md).
+# BASE_IMAGE= (empty) uses BentoML's default python:3.11-slim from a registry instead.
+BASE_IMAGE ?= bento-bundle/base:bookworm
+IMAGE_TAG ?= latest
+ENGINE := deploy/engine/engine.sh
+# bentoml calls the first `docker` on PATH: Debian's client, which has buildx (deploy/engine/engine.sh).
+DOCKER_PATH := /usr/bin:/usr/sbin:$(PATH)
 
-.PHONY: help install models parity bench tenants tenant-figures serve test lint format clean
+.PHONY: help install tools models parity bench tenants tenant-figures serve test lint format clean \
+	bentos engine engine-stop base-image images test-containers
 
 help: ## List the targets
 	@awk 'BEGIN {FS = ":.*## "} /^[a-z][a-z0-9-]*:.*## / {printf "  make %-16s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -27,6 +35,12 @@ $(VENV)/.installed: pyproject.toml
 	@touch $@
 
 install: $(VENV)/.installed ## Create .venv and install the pinned dependencies
+
+tools: ## System tools the deploy checks use: docker-compose (Debian's), kubectl (must be present)
+	@command -v docker-compose >/dev/null || { echo "installing docker-compose (Debian package) …"; \
+	  $(if $(filter 0,$(shell id -u)),,sudo) env DEBIAN_FRONTEND=noninteractive \
+	  apt-get install -y -q docker-compose >/dev/null; }
+	@command -v kubectl >/dev/null || { echo "error: kubectl not found: install it (it renders deploy/k8s offline)"; exit 1; }
 
 models: install ## Build every model into the BentoML model store (FORCE=1 rebuilds, SOURCE=dir|hub-id)
 	$(PY) -m models.build $(if $(FORCE),--force) $(if $(SOURCE),--source $(SOURCE))
@@ -46,8 +60,31 @@ tenant-figures: tenants ## Zipf load over the N demo tenants with a 10 % memory 
 serve: models ## Serve the whole graph on $(HOST):$(PORT) (Swagger UI at /)
 	$(BENTOML) serve . --host $(HOST) --port $(PORT)
 
-test: models ## Run every test (unit, integration, end to end)
+test: models tools ## Run every test (unit, integration, end to end)
 	$(PY) -m pytest
+
+bentos: models ## Build a bento per service and the whole-graph bento (bentoml build, locking on)
+	$(PY) deploy/bentos.py build
+
+engine: ## Install (Debian packages) and start a Docker engine if none is running
+	@$(ENGINE) start
+
+engine-stop: ## Stop the Docker engine `make engine` started (by PID), and clean up after it
+	@$(ENGINE) stop
+
+base-image: engine ## Local Debian base image for containerize, where no registry is reachable
+	$(if $(BASE_IMAGE),PATH=$(DOCKER_PATH) deploy/engine/base-image.sh $(BASE_IMAGE))
+
+images: models base-image ## bentoml containerize each bento (IMAGE_TAG, BASE_IMAGE)
+	PATH=$(DOCKER_PATH) BASE_IMAGE=$(BASE_IMAGE) $(PY) deploy/bentos.py images --tag $(IMAGE_TAG) \
+	  --only tokenizer,onnx-runner,tf-runner,tenant-runner
+
+test-containers: ## The compose stack from real images: smoke, Locust, a restart; stops what it started
+	@$(ENGINE) start
+	@status=0; \
+	$(MAKE) --no-print-directory images && \
+	  PATH=$(DOCKER_PATH) IMAGE_TAG=$(IMAGE_TAG) $(PY) -m pytest tests/containers -p no:cacheprovider || status=$$?; \
+	$(ENGINE) stop; exit $$status
 
 lint: install ## ruff lint and format check
 	$(VENV)/bin/ruff check .

@@ -38,8 +38,10 @@ def batchers(runner: str, engines: dict[str, Engine], policy: Policy) -> dict[st
     }
 
 
-async def embed(batcher: Batcher, ids: list[list[int]], ctx: Any) -> EmbedResult:
-    rows, timing = await batcher.submit(ids)
+async def embed(
+    batcher: Batcher, ids: list[list[int]], ctx: Any, deadline_s: float | None = None
+) -> EmbedResult:
+    rows, timing = await batcher.submit(ids, deadline_s)
     queue_ms, inference_ms = timing.queue_s * 1000, timing.inference_s * 1000
     ctx.response.headers.update(timing_headers(queue_ms, inference_ms))
     return EmbedResult(

@@ -19,6 +19,8 @@ Sequence_ = Annotated[
 ]
 TokenIds = Annotated[list[Sequence_], Field(min_length=1, max_length=MAX_SEQUENCES)]
 Variant = Literal["fp32", "int8"]
+# What is left of the caller's own deadline; the runner refuses (503) work it cannot finish in time.
+DeadlineSeconds = Annotated[float | None, Field(gt=0, le=300)]
 
 
 class EmbedResult(bentoml.IODescriptor):

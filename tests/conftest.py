@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-TIERS = {"unit", "integration", "e2e"}
+TIERS = {"unit", "integration", "e2e", "containers"}
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

@@ -8,7 +8,7 @@ from models import contracts
 from runners import embedding
 from runners.errors import replies_on_error
 from runners.onnx.settings import OnnxRunnerSettings
-from runners.protocol import EmbedResult, TokenIds, Variant
+from runners.protocol import DeadlineSeconds, EmbedResult, TokenIds, Variant
 from runners.tf_serving import current_servables, predict_app
 
 SETTINGS = OnnxRunnerSettings()
@@ -40,7 +40,13 @@ class OnnxRunner:
     @bentoml.api
     @replies_on_error
     async def embed(
-        self, ids: TokenIds, ctx: bentoml.Context, variant: Variant = "fp32"
+        self,
+        ids: TokenIds,
+        ctx: bentoml.Context,
+        variant: Variant = "fp32",
+        deadline_s: DeadlineSeconds = None,
     ) -> EmbedResult:
-        """Sentence embeddings for token-id sequences (rows in order), batched with other callers."""
-        return await embedding.embed(self.batchers[variant], ids, ctx)
+        """Sentence embeddings for token-id sequences (rows in order), batched with other callers.
+
+        ``deadline_s``: what is left of the caller's deadline (default: this runner's own)."""
+        return await embedding.embed(self.batchers[variant], ids, ctx, deadline_s)

@@ -7,7 +7,7 @@ import bentoml
 from models import contracts
 from runners import embedding
 from runners.errors import replies_on_error
-from runners.protocol import EmbedResult, TokenIds
+from runners.protocol import DeadlineSeconds, EmbedResult, TokenIds
 from runners.tf.settings import TFRunnerSettings
 from runners.tf_serving import current_servables, predict_app
 
@@ -33,6 +33,10 @@ class TFRunner:
 
     @bentoml.api
     @replies_on_error
-    async def embed(self, ids: TokenIds, ctx: bentoml.Context) -> EmbedResult:
-        """Sentence embeddings for token-id sequences (rows in order), batched with other callers."""
-        return await embedding.embed(self.batchers["tf"], ids, ctx)
+    async def embed(
+        self, ids: TokenIds, ctx: bentoml.Context, deadline_s: DeadlineSeconds = None
+    ) -> EmbedResult:
+        """Sentence embeddings for token-id sequences (rows in order), batched with other callers.
+
+        ``deadline_s``: what is left of the caller's deadline (default: this runner's own)."""
+        return await embedding.embed(self.batchers["tf"], ids, ctx, deadline_s)

@@ -7,7 +7,9 @@ arriving while ``max_inflight`` calls are out wait and leave together in the nex
 then sorts and groups all of them by length.
 
 The waiting list is a queue like the runner's, so it has the same admission rules: bounded in
-tokens (429) and a deadline at the measured speed (503), both with Retry-After.
+tokens (429) and a deadline at the measured speed (503), both with Retry-After. The deadline is
+end to end: each call tells the runner how much of its requests' budget is left (the tightest one),
+so time spent waiting here is not granted a second time there.
 """
 
 from __future__ import annotations
@@ -29,7 +31,8 @@ class Embedded:
     inference_ms: float
 
 
-Send = Callable[[list[list[int]]], Awaitable[Embedded]]
+# (token ids, seconds left of the tightest deadline among them) -> rows in order
+Send = Callable[[list[list[int]], float], Awaitable[Embedded]]
 
 
 @dataclass
@@ -98,8 +101,9 @@ class Coalescer:
 
     async def _call(self, batch: list[_Waiting], tokens: int) -> None:
         sent = time.perf_counter()
+        remaining_s = min(item.deadline for item in batch) - sent
         try:
-            result = await self.send([seq for item in batch for seq in item.ids])
+            result = await self.send([seq for item in batch for seq in item.ids], remaining_s)
         except Exception as exc:  # shed, unavailable, failed: every merged request gets the error
             self.admission.finished(tokens)
             for item in batch:

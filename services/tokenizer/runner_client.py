@@ -60,6 +60,12 @@ def _reason(text: str) -> str:
     return str(_body(text).get("error", text[:200]))
 
 
+def _budget(seconds: float) -> float:
+    # Never zero or negative (the runner would refuse the call as invalid rather than as late): a
+    # budget already spent still reaches the runner, which answers 503 at once.
+    return max(seconds, 0.001)
+
+
 def _field(result: Any, name: str) -> Any:
     # Typed proxies (same graph, pickle) return the model; URL proxies (JSON) return a dict.
     return result[name] if isinstance(result, dict) else getattr(result, name)
@@ -79,13 +85,22 @@ class Runners:
     def __init__(self, onnx: Any, tf: Any, tenants: Any, settings: TokenizerSettings) -> None:
         self.tenants = tenants
 
-        async def onnx_call(variant: str, ids: list[list[int]]) -> Embedded:
+        async def onnx_call(variant: str, ids: list[list[int]], deadline_s: float) -> Embedded:
             return _embedded(
-                await _call("onnx_runner", lambda: onnx.to_async.embed(ids=ids, variant=variant))
+                await _call(
+                    "onnx_runner",
+                    lambda: onnx.to_async.embed(
+                        ids=ids, variant=variant, deadline_s=_budget(deadline_s)
+                    ),
+                )
             )
 
-        async def tf_call(ids: list[list[int]]) -> Embedded:
-            return _embedded(await _call("tf_runner", lambda: tf.to_async.embed(ids=ids)))
+        async def tf_call(ids: list[list[int]], deadline_s: float) -> Embedded:
+            return _embedded(
+                await _call(
+                    "tf_runner", lambda: tf.to_async.embed(ids=ids, deadline_s=_budget(deadline_s))
+                )
+            )
 
         def coalescer(backend: Backend, send) -> Coalescer:
             admission = Admission(
@@ -96,8 +111,8 @@ class Runners:
             return Coalescer(send, max_inflight=settings.runner_inflight, admission=admission)
 
         self.backends: dict[Backend, Coalescer] = {
-            "onnx": coalescer("onnx", lambda ids: onnx_call("fp32", ids)),
-            "onnx-int8": coalescer("onnx-int8", lambda ids: onnx_call("int8", ids)),
+            "onnx": coalescer("onnx", lambda ids, left: onnx_call("fp32", ids, left)),
+            "onnx-int8": coalescer("onnx-int8", lambda ids, left: onnx_call("int8", ids, left)),
             "tf": coalescer("tf", tf_call),
         }
 

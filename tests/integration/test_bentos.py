@@ -1,0 +1,66 @@
+"""Every bentofile builds with `bentoml build` (package locking on), and each bento carries only its
+own engine and its own models."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from pathlib import Path
+
+import bentoml
+import pytest
+
+from deploy import bentos as deploy_bentos
+
+
+@pytest.fixture(scope="module")
+def built() -> Iterator[dict[str, Path]]:
+    tags = {name: deploy_bentos.build(name, base_image=None) for name in deploy_bentos.BENTOS}
+    yield {name: Path(bentoml.get(tag).path) for name, tag in tags.items()}
+    for tag in tags.values():  # each build is a new version: do not pile them up in the store
+        bentoml.delete(tag)
+
+
+def locked(bento: Path) -> dict[str, str]:
+    # With locking on, bentoml writes the resolved set, every package pinned, to requirements.txt.
+    lines = (bento / "env" / "python" / "requirements.txt").read_text().splitlines()
+    pins = dict(
+        m.groups() for line in lines if (m := re.match(r"([A-Za-z0-9_.-]+)==(\S+)", line.strip()))
+    )
+    return {name.lower().replace("_", "-"): version for name, version in pins.items()}
+
+
+def models(bento: Path) -> set[str]:
+    info = bentoml.get(f"{bento.parent.name}:{bento.name}").info
+    return {str(m.tag).split(":")[0] for service in info.services for m in service.models}
+
+
+def test_every_bento_builds_with_a_full_lock(built: dict[str, Path]) -> None:
+    for name, bento in built.items():
+        pins = locked(bento)
+        assert pins.get("bentoml") == "1.4.39", name
+        assert len(pins) > 20, f"{name}: {len(pins)} packages locked: is locking off?"
+        dockerfile = (bento / "env" / "docker" / "Dockerfile").read_text()
+        assert "python3.11" in dockerfile or "3.11" in dockerfile, name
+
+
+def test_each_bento_has_only_its_own_engine_and_models(built: dict[str, Path]) -> None:
+    tokenizer, onnx, tf, tenants = (
+        locked(built[n]) for n in ("tokenizer", "onnx-runner", "tf-runner", "tenant-runner")
+    )
+    assert "onnxruntime" not in tokenizer and "tensorflow-cpu" not in tokenizer
+    assert "onnxruntime" in onnx and "tensorflow-cpu" not in onnx
+    assert "tensorflow-cpu" in tf and "onnxruntime" not in tf
+    assert "onnxruntime" in tenants and "tensorflow-cpu" in tenants  # serves both kinds
+    assert "torch" not in set().union(tokenizer, onnx, tf, tenants)  # export-time only
+
+    assert models(built["onnx-runner"]) == {"minilm-onnx", "minilm-onnx-int8"}
+    assert models(built["tf-runner"]) == {"minilm-tf"}
+    assert "minilm-onnx" not in models(built["tokenizer"])  # runners reached by URL, not bundled
+    assert models(built["bento-bundle"]) >= {"minilm-onnx", "minilm-tf"}
+
+
+def test_the_build_script_refuses_an_unknown_bento(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as info:
+        deploy_bentos.main(["build", "--only", "tokenizer,nope"])
+    assert info.value.code == 2 and "nope" in capsys.readouterr().err
