@@ -75,7 +75,7 @@ stop() {
   while read -r rule; do
     # shellcheck disable=SC2086
     as_root iptables ${rule/-A /-D } 2>/dev/null || true
-  done < <(as_root iptables -S FORWARD 2>/dev/null | grep -- '-A FORWARD .*DOCKER' || true)
+  done < <(as_root iptables -S FORWARD 2>/dev/null | grep -i -- '-A FORWARD .*docker' || true)
   as_root iptables -t nat -D PREROUTING -m addrtype --dst-type LOCAL -j DOCKER 2>/dev/null || true
   as_root iptables -t nat -D OUTPUT ! -d 127.0.0.0/8 -m addrtype --dst-type LOCAL -j DOCKER 2>/dev/null || true
   for table_chain in "nat DOCKER" "filter DOCKER" "filter DOCKER-USER" \

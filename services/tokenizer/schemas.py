@@ -2,9 +2,17 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, FiniteFloat, StringConstraints
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    FiniteFloat,
+    SerializerFunctionWrapHandler,
+    StringConstraints,
+    model_serializer,
+)
 
 from services.tokenizer.settings import Backend, TokenizerSettings
 
@@ -52,6 +60,15 @@ class SimilarityResponse(BaseModel):
     labels: list[Literal[0, 1]] | None = Field(
         None, description="Present when a threshold was given."
     )
+
+    @model_serializer(mode="wrap")
+    def _absent_not_null(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        # BentoML's OpenAPI drops the `| None` of optional fields, so `null` would break the
+        # documented schema: labels are left out when there are none.
+        data = handler(self)
+        if data.get("labels") is None:
+            data.pop("labels", None)
+        return data
 
 
 class TokenizeRequest(Request):

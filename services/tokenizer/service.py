@@ -16,6 +16,8 @@ import numpy as np
 from runners.errors import replies_on_error
 from runners.protocol import timing_headers
 from runners.tenants.store import check_name
+from services.tokenizer.error_bodies import ConformingErrors
+from services.tokenizer.keys import TenantKeys
 from services.tokenizer.runner_client import Embedded, Runners
 from services.tokenizer.schemas import (
     SETTINGS,
@@ -65,6 +67,11 @@ class Tokenizer:
             self.wordpiece.path_of("tokenizer.json"), self.sentencepiece.path_of("spiece.model")
         )
         self.runners = Runners(self.onnx_runner, self.tf_runner, self.tenant_runner, SETTINGS)
+        self.keys = TenantKeys(SETTINGS.tenant_keys_file)
+
+    def _allow(self, tenant: str | None, ctx: bentoml.Context) -> None:
+        """The tenant's own key (or the operator's) when keys are on; 401/403 otherwise."""
+        self.keys.require(tenant, ctx.request.headers.get("authorization"))
 
     async def _embed(
         self, texts: list[str], backend: Backend, ctx: bentoml.Context
@@ -105,6 +112,7 @@ class Tokenizer:
         a = embedded.vectors[[index[p[0]] for p in request.pairs]]
         b = embedded.vectors[[index[p[1]] for p in request.pairs]]
         scores = np.sum(a * b, axis=1) / (np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1))
+        scores = np.clip(scores, -1.0, 1.0)  # float rounding gives 1.0000001 for identical texts
         labels = (
             None if request.threshold is None else [int(s >= request.threshold) for s in scores]
         )
@@ -130,6 +138,7 @@ class Tokenizer:
     async def classify(self, request: ClassifyRequest, /, ctx: bentoml.Context) -> ClassifyResponse:
         """Intent of each text with the tenant's own model (seed 000); 404 for an unknown tenant."""
         check_name(request.tenant)  # 422 before any work for a name that could never exist
+        self._allow(request.tenant, ctx)
         started = time.perf_counter()
         ids = await self.text.run(self.text.sentencepiece, request.texts)
         result = await self.runners.tenant("classify", tenant=request.tenant, ids=ids)
@@ -145,6 +154,7 @@ class Tokenizer:
         async def train_tenant(self, request: TrainRequest, /, ctx: bentoml.Context) -> Registered:
             """Train a tenant's classifier from examples and register it as a new version."""
             check_name(request.tenant)
+            self._allow(request.tenant, ctx)
             texts = [e.text for e in request.examples]
             ids = await self.text.run(self.text.sentencepiece, texts)
             intents = [e.intent for e in request.examples]
@@ -158,12 +168,14 @@ class Tokenizer:
         async def upload_tenant(self, tenant: str, file: Path, ctx: bentoml.Context) -> Registered:
             """Upload a model archive (.tar.gz of manifest.json + model.onnx or saved_model/)."""
             check_name(tenant)
+            self._allow(tenant, ctx)  # before the file is handed on: a refused upload is not stored
             return Registered(**await self.runners.tenant("upload", tenant=tenant, file=file))
 
         @bentoml.api(route="/tenants/list")
         @replies_on_error
         async def list_tenants(self, ctx: bentoml.Context) -> list[str]:
-            """Every registered tenant."""
+            """Every registered tenant (the operator key, when keys are on)."""
+            self._allow(None, ctx)
             return await self.runners.tenant("list_tenants")
 
         @bentoml.api(route="/tenants/show")
@@ -172,7 +184,8 @@ class Tokenizer:
             self, request: TenantRequest, /, ctx: bentoml.Context
         ) -> dict[str, Any]:
             """A tenant's current version, labels, metrics and size."""
-            return await self.runners.tenant("show", tenant=check_name(request.tenant))
+            self._allow(check_name(request.tenant), ctx)
+            return await self.runners.tenant("show", tenant=request.tenant)
 
         @bentoml.api(route="/tenants/delete")
         @replies_on_error
@@ -180,4 +193,8 @@ class Tokenizer:
             self, request: TenantRequest, /, ctx: bentoml.Context
         ) -> dict[str, Any]:
             """Remove a tenant."""
-            return await self.runners.tenant("delete", tenant=check_name(request.tenant))
+            self._allow(check_name(request.tenant), ctx)
+            return await self.runners.tenant("delete", tenant=request.tenant)
+
+
+Tokenizer.add_asgi_middleware(ConformingErrors)

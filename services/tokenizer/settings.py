@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Literal
 
 from pydantic import Field
@@ -60,6 +61,12 @@ class TokenizerSettings(BaseSettings):
     )
     tenant_url: str | None = Field(
         None, description="Reach the tenant runner at this URL; unset: same graph."
+    )
+    tenant_keys_file: Path | None = Field(
+        None,
+        description="Require per-tenant API keys (Authorization: Bearer) on /classify and the registry: a "
+        "JSON file of key hashes, managed with `python -m services.tokenizer.keys`. Unset (development): "
+        "no keys. Set it in production.",
     )
     admin_enabled: bool = Field(
         True,

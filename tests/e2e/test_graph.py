@@ -110,7 +110,7 @@ def test_similarity_known_answer(client: httpx.Client, backend: str) -> None:
 
 def test_similarity_without_threshold_has_no_labels(client: httpx.Client) -> None:
     body = client.post("/similarity", json={"pairs": [list(KNOWN)]}).json()
-    assert body["labels"] is None and len(body["scores"]) == 1
+    assert "labels" not in body and len(body["scores"]) == 1
 
 
 def test_tokenize_sentencepiece_equals_sentencepiece(client: httpx.Client) -> None:
@@ -169,6 +169,32 @@ def test_bad_input_is_a_4xx_naming_the_field_and_the_server_keeps_serving(
     assert 400 <= resp.status_code < 500, resp.text
     assert field in resp.text
     assert client.post("/embed", json={"texts": ["still serving"]}).status_code == 200
+
+
+RAW = [
+    ("empty body", b"", "application/json"),
+    ("invalid UTF-8", b'{"texts": ["\xff\xfe bad"]}', "application/json"),
+    ("NaN", b'{"pairs": [["a", "b"]], "threshold": NaN}', "application/json"),
+    ("Infinity", b'{"pairs": [["a", "b"]], "threshold": Infinity}', "application/json"),
+    ("deeply nested", b'{"texts": ' + b"[" * 5000 + b"]" * 5000 + b"}", "application/json"),
+    ("1 MB text", b'{"texts": ["' + b"a" * 1_000_000 + b'"]}', "application/json"),
+    ("10,000 texts", b'{"texts": [' + b",".join([b'"hi"'] * 10_000) + b"]}", "application/json"),
+    ("wrong content type", b'{"texts": ["hello"]}', "text/plain"),
+    ("form body", b"texts=hello", "application/x-www-form-urlencoded"),
+]
+
+
+@pytest.mark.parametrize(("what", "body", "content_type"), RAW, ids=[r[0] for r in RAW])
+def test_malformed_bodies_get_a_4xx_with_a_message_and_the_server_keeps_serving(
+    client: httpx.Client, what: str, body: bytes, content_type: str
+) -> None:
+    path = "/similarity" if b"threshold" in body else "/embed"
+    resp = client.post(path, content=body, headers={"content-type": content_type})
+    assert 400 <= resp.status_code < 500, (what, resp.status_code, resp.text[:300])
+    assert resp.text.strip(), what  # a message, not an empty 4xx
+    assert len(resp.content) < 10_000, what  # the message does not echo a huge input back
+    after = client.post("/embed", json={"texts": ["still serving"]})
+    assert after.status_code == 200 and len(after.json()["embeddings"][0]) == 384
 
 
 def test_malformed_json_is_a_400(client: httpx.Client) -> None:
