@@ -20,8 +20,11 @@ IMAGE_TAG ?= latest
 ENGINE := deploy/engine/engine.sh
 # bentoml calls the first `docker` on PATH: Debian's client, which has buildx (deploy/engine/engine.sh).
 DOCKER_PATH := /usr/bin:/usr/sbin:$(PATH)
+BASE_IMAGE_CMD := $(if $(BASE_IMAGE),PATH=$(DOCKER_PATH) deploy/engine/base-image.sh $(BASE_IMAGE),true)
+IMAGES_CMD := PATH=$(DOCKER_PATH) BASE_IMAGE=$(BASE_IMAGE) $(PY) deploy/bentos.py images \
+	--tag $(IMAGE_TAG) --only tokenizer,onnx-runner,tf-runner,tenant-runner
 
-.PHONY: help install tools models parity bench tenants tenant-figures serve test lint format clean \
+.PHONY: help install tools models parity bench chaos tenants tenant-figures serve test lint format clean \
 	bentos engine engine-stop base-image images test-containers
 
 help: ## List the targets
@@ -54,6 +57,9 @@ tenants: models ## Build N demo tenants (default 1000) into the tenant store, re
 bench: models ## Side-by-side benchmark: raw engine, this stack, FastAPI, naive BentoML (BENCH_QUICK=1: short)
 	$(PY) -m loadtests.bench
 
+chaos: models ## Overload at 4x capacity, recovery, workers SIGKILLed under load (PHASE_S seconds a phase)
+	$(PY) -m loadtests.chaos --seconds $(or $(PHASE_S),20)
+
 tenant-figures: tenants ## Zipf load over the N demo tenants with a 10 % memory budget: latency, hit rate, RSS
 	$(PY) -m loadtests.tenant_figures --tenants $(N)
 
@@ -73,18 +79,16 @@ engine-stop: ## Stop the Docker engine `make engine` started (by PID), and clean
 	@$(ENGINE) stop
 
 base-image: engine ## Local Debian base image for containerize, where no registry is reachable
-	$(if $(BASE_IMAGE),PATH=$(DOCKER_PATH) deploy/engine/base-image.sh $(BASE_IMAGE))
+	$(BASE_IMAGE_CMD)
 
 images: models base-image ## bentoml containerize each bento (IMAGE_TAG, BASE_IMAGE)
-	PATH=$(DOCKER_PATH) BASE_IMAGE=$(BASE_IMAGE) $(PY) deploy/bentos.py images --tag $(IMAGE_TAG) \
-	  --only tokenizer,onnx-runner,tf-runner,tenant-runner
+	$(IMAGES_CMD)
 
-test-containers: ## The compose stack from real images: smoke, Locust, a restart; stops what it started
-	@$(ENGINE) start
-	@status=0; \
-	$(MAKE) --no-print-directory images && \
-	  PATH=$(DOCKER_PATH) IMAGE_TAG=$(IMAGE_TAG) $(PY) -m pytest tests/containers -p no:cacheprovider || status=$$?; \
-	$(ENGINE) stop; exit $$status
+# One shell line, so that the engine this target started is stopped whatever fails before.
+test-containers: models ## The compose stack from real images: smoke, Locust, a restart; stops what it started
+	@status=0; $(ENGINE) start && $(BASE_IMAGE_CMD) && $(IMAGES_CMD) && \
+	  PATH=$(DOCKER_PATH) IMAGE_TAG=$(IMAGE_TAG) $(PY) -m pytest tests/containers -p no:cacheprovider \
+	  || status=$$?; $(ENGINE) stop; exit $$status
 
 lint: install ## ruff lint and format check
 	$(VENV)/bin/ruff check .

@@ -175,36 +175,60 @@ def test_two_concurrent_uploads_end_with_one_complete_current_version(
     assert labels in (["x", "y", "z0"], ["x", "y", "z1"])
 
 
-KILL_AT = """
-import os, signal, sys
+# Runs an upload in a child process that SIGKILLs itself at its Nth filesystem step (any call
+# that creates, writes, flushes, renames or removes): N = 1, 2, ... covers every point of a crash.
+KILL_AT_STEP = """
+import builtins, io, os, shutil, signal, sys
 from pathlib import Path
 from runners.tenants import registry
 from runners.tenants.store import TenantStore
-target = sys.argv[2]
-real = getattr(os, target)
-def dying(src, dst, *a, **k):
-    if target == "rename" and ".staging" in str(src) or target == "replace" and str(dst).endswith("current"):
-        os.kill(os.getpid(), signal.SIGKILL)
-    return real(src, dst, *a, **k)
-setattr(os, target, dying)
+kill_at, steps = int(sys.argv[2]), 0
+def step(real):
+    def wrapper(*args, **kwargs):
+        global steps
+        steps += 1
+        if steps == kill_at:
+            os.kill(os.getpid(), signal.SIGKILL)
+        return real(*args, **kwargs)
+    return wrapper
+for name in ("mkdir", "rename", "replace", "symlink", "fsync", "unlink", "rmdir", "chmod"):
+    setattr(os, name, step(getattr(os, name)))
+shutil.rmtree = step(shutil.rmtree)
+real_open = io.open
+def opening(file, mode="r", *args, **kwargs):
+    opener = step(real_open) if any(c in mode for c in "wax+") else real_open
+    return opener(file, mode, *args, **kwargs)
+builtins.open = io.open = opening
 registry.upload(TenantStore(Path(sys.argv[1])), "acme", Path(sys.argv[3]), 1 << 24)
+print(steps)
 """
 
 
-@pytest.mark.parametrize("step", ["rename", "replace"])
-def test_an_upload_killed_between_steps_leaves_the_old_version(
-    store: TenantStore, tmp_path: Path, step: str
+def test_an_upload_killed_at_any_step_leaves_a_complete_version(
+    store: TenantStore, tmp_path: Path
 ) -> None:
     old = store.current("acme")
     new = archive(tiny_model(tmp_path / "new", ["p", "q"]), tmp_path / "new.tar.gz")
-    proc = subprocess.run(
-        [sys.executable, "-c", KILL_AT, str(store.root), step, str(new)],
-        cwd=ROOT,
-        capture_output=True,
-    )
-    assert proc.returncode == -9, proc.stderr.decode()[-500:]
-    assert store.current("acme") == old
-    assert store.show("acme")["labels"] == ["a", "b"]
-    # What the killed process left behind is cleaned up, and the next upload works.
+    killed_at = []
+    for kill_at in range(1, 200):
+        proc = subprocess.run(
+            [sys.executable, "-c", KILL_AT_STEP, str(store.root), str(kill_at), str(new)],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+        )
+        if proc.returncode == 0:  # the upload finished before reaching this step
+            break
+        assert proc.returncode == -9, proc.stderr[-500:]
+        killed_at.append(kill_at)
+        # Whatever the step, the tenant has one complete version: the old, or the new once the
+        # atomic switch happened. Never a missing, partial or mixed one.
+        version, path = store.current("acme")
+        labels = store.show("acme")["labels"]
+        assert (version, labels) == (old[0], ["a", "b"]) or labels == ["p", "q"], kill_at
+        assert (path / "model.onnx").is_file() and (path / "manifest.json").is_file()
+    print(f"upload killed at each of its {len(killed_at)} filesystem steps")
+    assert len(killed_at) >= 5, killed_at  # the crash points were really exercised
+    # What the killed processes left behind is cleaned up, and the next upload works.
     store.clean_staging(older_than_s=0)
     assert registry.upload(store, "acme", new, 1 << 24).labels == ["p", "q"]

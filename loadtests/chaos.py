@@ -1,0 +1,282 @@
+"""The stack's worst day, measured: overload at 4x capacity, then workers killed under load.
+
+    python -m loadtests.chaos [--seconds 20] [--url URL] [--json build/chaos.json]   (make chaos)
+
+1. **Capacity**: bulk requests (32 sentences) from a closed loop of clients; served requests/s.
+2. **Overload**: an open-loop arrival process at 4x that rate. Requests beyond capacity must be
+   refused fast (429/503 with Retry-After), admitted ones keep a bounded p99, nothing crashes.
+3. **Recovery**: at half capacity, how long until answers come back at normal latency.
+4. **Kills**: at half capacity, SIGKILL the ONNX runner's worker, then the tokenizer's; the
+   supervisor restarts each. Reported: errors by kind, the slowest failure (a hang would show here)
+   and the time until the stack serves again.
+
+Why not Locust: its users are a closed loop, so they slow down with the server and never offer 4x
+its capacity; overload needs arrivals that do not wait for answers. Locust stays the tool for
+the load runs and the benchmark.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import signal
+import statistics
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+import psutil
+
+from loadtests.processes import ROOT, Server, bentoml_serve
+from models import corpus
+
+BULK = 32
+CLIENT_TIMEOUT_S = 30.0
+
+
+@dataclass
+class Outcome:
+    sent: float
+    latency_s: float
+    status: int  # 0: no HTTP answer (connection reset, timeout)
+    retry_after: str | None = None
+    error: str = ""
+
+
+@dataclass
+class Phase:
+    name: str
+    offered_per_s: float
+    outcomes: list[Outcome] = field(default_factory=list, repr=False)
+
+    def summary(self) -> dict:
+        ok = [o for o in self.outcomes if o.status == 200]
+        shed = [o for o in self.outcomes if o.status in (429, 503)]
+        other = [o for o in self.outcomes if o.status not in (200, 429, 503)]
+        span = max((o.sent + o.latency_s for o in self.outcomes), default=0) - min(
+            (o.sent for o in self.outcomes), default=0
+        )
+        return {
+            "phase": self.name,
+            "offered_per_s": round(self.offered_per_s, 1),
+            "requests": len(self.outcomes),
+            "served": len(ok),
+            "served_per_s": round(len(ok) / span, 2) if span else 0.0,
+            "served_p50_ms": _ms(_quantile([o.latency_s for o in ok], 0.5)),
+            "served_p99_ms": _ms(_quantile([o.latency_s for o in ok], 0.99)),
+            "refused": len(shed),
+            "refused_without_retry_after": sum(o.retry_after is None for o in shed),
+            "refusal_p50_ms": _ms(_quantile([o.latency_s for o in shed], 0.5)),
+            "refusal_p99_ms": _ms(_quantile([o.latency_s for o in shed], 0.99)),
+            "other_errors": len(other),
+            "other_error_kinds": sorted({f"{o.status} {o.error}".strip() for o in other})[:5],
+            "slowest_failure_ms": _ms(max((o.latency_s for o in shed + other), default=None)),
+        }
+
+
+def _quantile(values: list[float], q: float) -> float | None:
+    if not values:
+        return None
+    if len(values) == 1:
+        return values[0]
+    return statistics.quantiles(values, n=100, method="inclusive")[max(0, round(q * 100) - 1)]
+
+
+def _ms(seconds: float | None) -> float | None:
+    return None if seconds is None else round(seconds * 1000, 1)
+
+
+class Load:
+    """Bulk /embed requests against one URL: closed-loop clients or open-loop arrivals."""
+
+    def __init__(self, url: str, seed: int = 3) -> None:
+        self.url = url
+        self.texts = corpus.load_texts()
+        self.rng = random.Random(seed)
+        self.client = httpx.AsyncClient(
+            base_url=url,
+            timeout=CLIENT_TIMEOUT_S,
+            limits=httpx.Limits(max_connections=1000, max_keepalive_connections=1000),
+        )
+
+    def body(self) -> dict:
+        return {"texts": self.rng.sample(self.texts, BULK)}
+
+    async def one(self, phase: Phase) -> None:
+        sent = time.monotonic()
+        try:
+            resp = await self.client.post("/embed", json=self.body())
+            outcome = Outcome(sent, time.monotonic() - sent, resp.status_code)
+            outcome.retry_after = resp.headers.get("retry-after")
+            if resp.status_code == 200 and len(resp.json()["embeddings"]) != BULK:
+                outcome.status, outcome.error = -1, "wrong answer"
+            elif resp.status_code not in (200, 429, 503):
+                outcome.error = resp.text[:80]
+        except httpx.HTTPError as exc:
+            outcome = Outcome(sent, time.monotonic() - sent, 0, error=type(exc).__name__)
+        phase.outcomes.append(outcome)
+
+    async def closed(self, name: str, clients: int, seconds: float) -> Phase:
+        phase = Phase(name, 0.0)
+        stop = time.monotonic() + seconds
+
+        async def client() -> None:
+            while time.monotonic() < stop:
+                await self.one(phase)
+
+        await asyncio.gather(*(client() for _ in range(clients)))
+        phase.offered_per_s = len(phase.outcomes) / seconds
+        return phase
+
+    async def open(
+        self, name: str, per_s: float, seconds: float, during: asyncio.Task | None = None
+    ) -> Phase:
+        """Arrivals at a steady rate, whatever the answers do."""
+        phase = Phase(name, per_s)
+        tasks: list[asyncio.Task] = []
+        started = time.monotonic()
+        for i in range(int(per_s * seconds)):
+            delay = started + i / per_s - time.monotonic()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            tasks.append(asyncio.create_task(self.one(phase)))
+        await asyncio.gather(*tasks)
+        if during is not None:
+            await during
+        return phase
+
+    async def close(self) -> None:
+        await self.client.aclose()
+
+
+async def recovery_s(load: Load, baseline_p50_s: float, limit_s: float = 60) -> float | None:
+    """Seconds until three answers in a row come back at most 3x the unloaded median latency."""
+    started = time.monotonic()
+    streak = 0
+    while time.monotonic() - started < limit_s:
+        phase = Phase("probe", 0)
+        await load.one(phase)
+        o = phase.outcomes[0]
+        streak = streak + 1 if o.status == 200 and o.latency_s <= 3 * baseline_p50_s else 0
+        if streak == 3:
+            return round(time.monotonic() - started, 2)
+        await asyncio.sleep(0.1)
+    return None
+
+
+def worker(server: Server, service: str) -> psutil.Process:
+    """The worker process serving ``service`` in a `bentoml serve` graph."""
+    for proc in server.descendants():
+        try:
+            cmdline = " ".join(proc.cmdline())
+        except psutil.Error:
+            continue
+        if "_bentoml_impl.worker.service" in cmdline and (
+            f"--service-name {service}" in cmdline or f"--service-name={service}" in cmdline
+        ):
+            return proc
+    raise LookupError(f"no worker process for {service}")
+
+
+async def kill_during_load(
+    load: Load, server: Server, service: str, per_s: float, seconds: float
+) -> tuple[Phase, float | None]:
+    async def kill_then_measure() -> float | None:
+        await asyncio.sleep(seconds / 3)
+        victim = worker(server, service)
+        os.kill(victim.pid, signal.SIGKILL)
+        killed = time.monotonic()
+        # Serving again: a request through the whole graph answers 200.
+        while time.monotonic() - killed < 60:
+            probe = Phase("probe", 0)
+            await load.one(probe)
+            if probe.outcomes[0].status == 200:
+                return round(time.monotonic() - killed, 2)
+            await asyncio.sleep(0.2)
+        return None
+
+    killer = asyncio.create_task(kill_then_measure())
+    phase = await load.open(f"kill {service}", per_s, seconds)
+    return phase, await killer
+
+
+async def run(url: str, server: Server | None, seconds: float) -> dict:
+    load = Load(url)
+    try:
+        baseline = await load.closed("unloaded", 1, min(5.0, seconds))
+        baseline_p50 = _quantile([o.latency_s for o in baseline.outcomes], 0.5) or 1.0
+        capacity = await load.closed("capacity", 8, seconds)
+        per_s = capacity.summary()["served_per_s"]
+        print(f"capacity: {per_s:.1f} bulk requests/s ({per_s * BULK:.0f} sentences/s)", flush=True)
+        overload = await load.open("overload 4x", 4 * per_s, seconds)
+        recovered = await recovery_s(load, baseline_p50)
+        report = {
+            "url": url,
+            "seconds_per_phase": seconds,
+            "bulk_sentences": BULK,
+            "phases": [p.summary() for p in (baseline, capacity, overload)],
+            "recovery_after_overload_s": recovered,
+            "kills": [],
+        }
+        if server is not None:
+            for service in ("onnx_runner", "tokenizer"):
+                phase, serving_again = await kill_during_load(
+                    load, server, service, per_s / 2, seconds
+                )
+                report["phases"].append(phase.summary())
+                report["kills"].append({"service": service, "serving_again_s": serving_again})
+                await recovery_s(load, baseline_p50)
+            report["server_alive"] = server.proc is not None and server.proc.poll() is None
+        return report
+    finally:
+        await load.close()
+
+
+def render(report: dict) -> str:
+    lines = [
+        "| phase | offered/s | served/s | served p99 ms | refused | refusal p99 ms | no Retry-After | other errors | slowest failure ms |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for p in report["phases"]:
+        lines.append(
+            f"| {p['phase']} | {p['offered_per_s']} | {p['served_per_s']} | {p['served_p99_ms']} "
+            f"| {p['refused']} | {p['refusal_p99_ms']} | {p['refused_without_retry_after']} "
+            f"| {p['other_errors']} {' '.join(p['other_error_kinds'])} | {p['slowest_failure_ms']} |"
+        )
+    lines.append(f"\nrecovery after overload: {report['recovery_after_overload_s']} s")
+    for kill in report["kills"]:
+        lines.append(
+            f"{kill['service']} worker SIGKILLed: serving again after {kill['serving_again_s']} s"
+        )
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m loadtests.chaos", description=__doc__.splitlines()[0]
+    )
+    parser.add_argument("--seconds", type=float, default=20, help="length of each phase")
+    parser.add_argument(
+        "--url", help="an already running stack (no kills then); default: start one"
+    )
+    parser.add_argument("--json", type=Path, default=ROOT / "build" / "chaos.json")
+    args = parser.parse_args(argv)
+    if args.url:
+        report = asyncio.run(run(args.url, None, args.seconds))
+    else:
+        with bentoml_serve(".", ROOT / "build" / "chaos" / "stack.log") as server:
+            report = asyncio.run(run(server.url, server, args.seconds))
+    args.json.parent.mkdir(parents=True, exist_ok=True)
+    args.json.write_text(json.dumps(report, indent=2))
+    print(render(report))
+    print(f"\nwritten: {args.json}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
