@@ -17,6 +17,7 @@ from runners.errors import replies_on_error
 from runners.protocol import timing_headers
 from runners.tenants.store import check_name
 from services.tokenizer.error_bodies import ConformingErrors
+from services.tokenizer.json_only import JsonOnly
 from services.tokenizer.keys import TenantKeys
 from services.tokenizer.runner_client import Embedded, Runners
 from services.tokenizer.schemas import (
@@ -198,3 +199,4 @@ class Tokenizer:
 
 
 Tokenizer.add_asgi_middleware(ConformingErrors)
+Tokenizer.add_asgi_middleware(JsonOnly)
