@@ -133,9 +133,7 @@ class Load:
         phase.offered_per_s = len(phase.outcomes) / seconds
         return phase
 
-    async def open(
-        self, name: str, per_s: float, seconds: float, during: asyncio.Task | None = None
-    ) -> Phase:
+    async def open(self, name: str, per_s: float, seconds: float) -> Phase:
         """Arrivals at a steady rate, whatever the answers do."""
         phase = Phase(name, per_s)
         tasks: list[asyncio.Task] = []
@@ -146,8 +144,6 @@ class Load:
                 await asyncio.sleep(delay)
             tasks.append(asyncio.create_task(self.one(phase)))
         await asyncio.gather(*tasks)
-        if during is not None:
-            await during
         return phase
 
     async def close(self) -> None:
@@ -213,8 +209,10 @@ async def run(url: str, server: Server | None, seconds: float) -> dict:
         capacity = await load.closed("capacity", 8, seconds)
         per_s = capacity.summary()["served_per_s"]
         print(f"capacity: {per_s:.1f} bulk requests/s ({per_s * BULK:.0f} sentences/s)", flush=True)
+        print(f"overload: {4 * per_s:.1f} requests/s for {seconds:.0f} s …", flush=True)
         overload = await load.open("overload 4x", 4 * per_s, seconds)
         recovered = await recovery_s(load, baseline_p50)
+        print(f"  refused {overload.summary()['refused']}; recovered in {recovered} s", flush=True)
         report = {
             "url": url,
             "seconds_per_phase": seconds,
@@ -225,9 +223,11 @@ async def run(url: str, server: Server | None, seconds: float) -> dict:
         }
         if server is not None:
             for service in ("onnx_runner", "tokenizer"):
+                print(f"SIGKILL the {service} worker under load …", flush=True)
                 phase, serving_again = await kill_during_load(
                     load, server, service, per_s / 2, seconds
                 )
+                print(f"  serving again after {serving_again} s", flush=True)
                 report["phases"].append(phase.summary())
                 report["kills"].append({"service": service, "serving_again_s": serving_again})
                 await recovery_s(load, baseline_p50)

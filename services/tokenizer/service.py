@@ -70,9 +70,11 @@ class Tokenizer:
         self.runners = Runners(self.onnx_runner, self.tf_runner, self.tenant_runner, SETTINGS)
         self.keys = TenantKeys(SETTINGS.tenant_keys_file)
 
-    def _allow(self, tenant: str | None, ctx: bentoml.Context) -> None:
-        """The tenant's own key (or the operator's) when keys are on; 401/403 otherwise."""
-        self.keys.require(tenant, ctx.request.headers.get("authorization"))
+    def _tenant(self, name: str, ctx: bentoml.Context) -> str:
+        """A valid tenant name (422 before any work for one that could never exist) and, with keys
+        on, a key for it: the tenant's own or the operator's (401 without, 403 with another)."""
+        self.keys.require(check_name(name), ctx.request.headers.get("authorization"))
+        return name
 
     async def _embed(
         self, texts: list[str], backend: Backend, ctx: bentoml.Context
@@ -138,8 +140,7 @@ class Tokenizer:
     @replies_on_error
     async def classify(self, request: ClassifyRequest, /, ctx: bentoml.Context) -> ClassifyResponse:
         """Intent of each text with the tenant's own model (seed 000); 404 for an unknown tenant."""
-        check_name(request.tenant)  # 422 before any work for a name that could never exist
-        self._allow(request.tenant, ctx)
+        self._tenant(request.tenant, ctx)
         started = time.perf_counter()
         ids = await self.text.run(self.text.sentencepiece, request.texts)
         result = await self.runners.tenant("classify", tenant=request.tenant, ids=ids)
@@ -154,8 +155,7 @@ class Tokenizer:
         @replies_on_error
         async def train_tenant(self, request: TrainRequest, /, ctx: bentoml.Context) -> Registered:
             """Train a tenant's classifier from examples and register it as a new version."""
-            check_name(request.tenant)
-            self._allow(request.tenant, ctx)
+            self._tenant(request.tenant, ctx)
             texts = [e.text for e in request.examples]
             ids = await self.text.run(self.text.sentencepiece, texts)
             intents = [e.intent for e in request.examples]
@@ -168,15 +168,15 @@ class Tokenizer:
         @replies_on_error
         async def upload_tenant(self, tenant: str, file: Path, ctx: bentoml.Context) -> Registered:
             """Upload a model archive (.tar.gz of manifest.json + model.onnx or saved_model/)."""
-            check_name(tenant)
-            self._allow(tenant, ctx)  # before the file is handed on: a refused upload is not stored
+            # Checked before the file is handed on: a refused upload never reaches the store.
+            self._tenant(tenant, ctx)
             return Registered(**await self.runners.tenant("upload", tenant=tenant, file=file))
 
         @bentoml.api(route="/tenants/list")
         @replies_on_error
         async def list_tenants(self, ctx: bentoml.Context) -> list[str]:
             """Every registered tenant (the operator key, when keys are on)."""
-            self._allow(None, ctx)
+            self.keys.require(None, ctx.request.headers.get("authorization"))  # operator only
             return await self.runners.tenant("list_tenants")
 
         @bentoml.api(route="/tenants/show")
@@ -185,8 +185,7 @@ class Tokenizer:
             self, request: TenantRequest, /, ctx: bentoml.Context
         ) -> dict[str, Any]:
             """A tenant's current version, labels, metrics and size."""
-            self._allow(check_name(request.tenant), ctx)
-            return await self.runners.tenant("show", tenant=request.tenant)
+            return await self.runners.tenant("show", tenant=self._tenant(request.tenant, ctx))
 
         @bentoml.api(route="/tenants/delete")
         @replies_on_error
@@ -194,8 +193,7 @@ class Tokenizer:
             self, request: TenantRequest, /, ctx: bentoml.Context
         ) -> dict[str, Any]:
             """Remove a tenant."""
-            self._allow(check_name(request.tenant), ctx)
-            return await self.runners.tenant("delete", tenant=request.tenant)
+            return await self.runners.tenant("delete", tenant=self._tenant(request.tenant, ctx))
 
 
 Tokenizer.add_asgi_middleware(ConformingErrors)

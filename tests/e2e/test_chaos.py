@@ -20,7 +20,7 @@ DEADLINE_MS = TokenizerSettings().deadline_s * 1000
 
 
 @pytest.fixture(scope="module")
-def chaos_graph(tenant_store) -> Iterator[Server]:
+def chaos_graph() -> Iterator[Server]:
     with bentoml_serve(".", log_path("chaos-graph.log")) as server:
         yield server
 

@@ -29,7 +29,9 @@ BENTOS = {"tokenizer", "onnx-runner", "tf-runner", "tenant-runner"}
 
 def tool(name: str) -> str:
     path = shutil.which(name)
-    assert path, f"{name} is not installed: `make tools` installs it"
+    assert path, (
+        f"{name} is not installed: `make tools` installs docker-compose and names what else"
+    )
     return path
 
 
