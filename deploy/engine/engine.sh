@@ -8,7 +8,7 @@
 # that was already running is used and left alone.
 set -euo pipefail
 
-STATE=${ENGINE_STATE:-build/engine}
+STATE=$(realpath -m "${ENGINE_STATE:-build/engine}")
 DATA_ROOT=${DOCKER_DATA_ROOT:-/var/lib/bento-bundle-docker}
 # bentoml sets DOCKER_BUILDKIT=1 and calls the first `docker` on PATH; Debian's client (/usr/bin) has
 # buildx, an older one in /usr/local/bin may not ("BuildKit is enabled but the buildx component is missing").
@@ -45,12 +45,18 @@ start() {
   (as_root iptables -S FORWARD 2>/dev/null | awk '$1 == "-P" {print $3}') >"$STATE/forward_policy" || true
   echo "starting dockerd (data root $DATA_ROOT, log $STATE/dockerd.log) …"
   as_root mkdir -p "$DATA_ROOT"
-  # setsid: dockerd must outlive this shell (make runs each line in its own).
-  as_root setsid /usr/sbin/dockerd --data-root "$DATA_ROOT" >"$STATE/dockerd.log" 2>&1 < /dev/null &
-  echo $! >"$STATE/dockerd.pid"
+  # setsid: dockerd must outlive this shell (make runs each line in its own). dockerd writes its
+  # own PID (--pidfile): `$!` would be the PID of a wrapper, and stopping that stops nothing.
+  rm -f "$STATE/dockerd.pid"
+  as_root setsid /usr/sbin/dockerd --data-root "$DATA_ROOT" --pidfile "$STATE/dockerd.pid" \
+    >"$STATE/dockerd.log" 2>&1 < /dev/null &
+  local launcher=$!
   for _ in $(seq 60); do
-    docker info >/dev/null 2>&1 && { echo "dockerd is up (PID $(cat "$STATE/dockerd.pid"))"; return; }
-    kill -0 "$(cat "$STATE/dockerd.pid")" 2>/dev/null || break
+    if [ -s "$STATE/dockerd.pid" ] && docker info >/dev/null 2>&1; then
+      echo "dockerd is up (PID $(cat "$STATE/dockerd.pid"))"
+      return
+    fi
+    [ -s "$STATE/dockerd.pid" ] || kill -0 "$launcher" 2>/dev/null || break
     sleep 1
   done
   tail -20 "$STATE/dockerd.log" >&2 || true
@@ -65,8 +71,9 @@ stop() {
     echo "stopping dockerd (PID $pid) …"
     as_root kill -TERM "$pid"
     for _ in $(seq 30); do kill -0 "$pid" 2>/dev/null || break; sleep 1; done
-    kill -0 "$pid" 2>/dev/null && as_root kill -KILL "$pid"
+    kill -0 "$pid" 2>/dev/null && as_root kill -KILL "$pid" && sleep 1
   fi
+  kill -0 "$pid" 2>/dev/null && die "dockerd (PID $pid) is still running: left its network as it is"
   rm -f "$STATE/dockerd.pid"
   # dockerd leaves its bridge, its chains and its rules behind: remove what it made (only that),
   # and put back the forwarding settings found before it started.
