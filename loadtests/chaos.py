@@ -101,7 +101,12 @@ class Load:
         self.client = httpx.AsyncClient(
             base_url=url,
             timeout=CLIENT_TIMEOUT_S,
-            limits=httpx.Limits(max_connections=1000, max_keepalive_connections=1000),
+            # Idle connections are dropped after 2 s, before the server's own 5 s keep-alive timeout
+            # (uvicorn's default): reusing one the server is closing at that instant fails with a
+            # read error that says nothing about the server. The usual client rule; see README.
+            limits=httpx.Limits(
+                max_connections=1000, max_keepalive_connections=1000, keepalive_expiry=2.0
+            ),
         )
 
     def body(self) -> dict:

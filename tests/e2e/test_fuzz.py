@@ -92,3 +92,10 @@ def test_thousands_of_cases_ran_and_the_server_still_serves(fuzz_graph: str) -> 
     assert sum(CASES.values()) >= 2000, CASES
     reply = httpx.post(f"{fuzz_graph}/embed", json={"texts": ["still serving"]}, timeout=30)
     assert reply.status_code == 200 and len(reply.json()["embeddings"][0]) == 384
+
+
+def test_with_admin_off_the_registry_is_not_on_the_public_port(fuzz_graph: str) -> None:
+    paths = httpx.get(f"{fuzz_graph}/docs.json", timeout=30).json()["paths"]
+    assert not [p for p in paths if p.startswith("/tenants")], list(paths)
+    for path in ("/tenants/train", "/tenants/upload", "/tenants/delete", "/tenants/list"):
+        assert httpx.post(f"{fuzz_graph}{path}", json={}, timeout=30).status_code == 404, path
