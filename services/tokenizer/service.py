@@ -52,7 +52,10 @@ def _runner(url: str | None, service_path: str) -> Any:
 
 
 @bentoml.service(
-    name="tokenizer", workers=SETTINGS.workers, traffic={"timeout": SETTINGS.timeout_s}
+    name="tokenizer",
+    workers=SETTINGS.workers,
+    traffic={"timeout": SETTINGS.timeout_s},
+    logging={"access": {"enabled": SETTINGS.access_log}},
 )
 class Tokenizer:
     onnx_runner = _runner(SETTINGS.onnx_url, "runners.onnx.service:OnnxRunner")

@@ -62,6 +62,11 @@ class TokenizerSettings(BaseSettings):
     tenant_url: str | None = Field(
         None, description="Reach the tenant runner at this URL; unset: same graph."
     )
+    access_log: bool = Field(
+        True,
+        description="Log every public request (method, path, status, sizes, latency; never headers). Off "
+        "buys ~8 % chat throughput on 2 cores (measured: 301-330 vs 277-308 sentences/s at 64 users).",
+    )
     tenant_keys_file: Path | None = Field(
         None,
         description="Require per-tenant API keys (Authorization: Bearer) on /classify and the registry: a "
