@@ -7,7 +7,7 @@ from typing import Annotated, Literal
 import bentoml
 import numpy as np
 from bentoml.validators import DType
-from pydantic import Field
+from pydantic import BaseModel, Field
 
 from models.contracts import MAX_SEQ_LEN
 
@@ -30,6 +30,24 @@ class EmbedResult(bentoml.IODescriptor):
     queue_ms: float = Field(description="Waiting for a batch round to start")
     inference_ms: float = Field(description="From the round's start to this request's last row")
     engine_calls: int = Field(description="Engine calls that held rows of this request")
+
+
+class Classified(BaseModel):
+    """A tenant runner's answer, passed on as is by the public /classify."""
+
+    intents: list[str]
+    scores: list[float] = Field(description="Probability of each predicted intent.")
+    version: str = Field(description="The tenant model version that answered.")
+
+
+class Registered(BaseModel):
+    """A new tenant model version (train, upload)."""
+
+    tenant: str
+    version: str
+    labels: list[str]
+    bytes: int
+    metrics: dict[str, float]
 
 
 def timing_headers(queue_ms: float, inference_ms: float) -> dict[str, str]:

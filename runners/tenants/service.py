@@ -13,13 +13,13 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import bentoml
-from pydantic import BaseModel, Field
+from pydantic import Field
 
 from models.sentencepiece_build import TRAINER
 from runners.batching import Batcher
 from runners.batching.metrics import Recorder
 from runners.errors import replies_on_error
-from runners.protocol import timing_headers
+from runners.protocol import Classified, Registered, timing_headers
 from runners.tenants import registry
 from runners.tenants.cache import ModelCache
 from runners.tenants.loader import LoadedModel, load
@@ -39,20 +39,6 @@ SpmIds = Annotated[
     Field(min_length=1, max_length=1024),
 ]
 Format = Literal["onnx", "tf"]
-
-
-class Classified(BaseModel):
-    intents: list[str]
-    scores: list[float]
-    version: str
-
-
-class Registered(BaseModel):
-    tenant: str
-    version: str
-    labels: list[str]
-    bytes: int
-    metrics: dict[str, float]
 
 
 def warm_up_tensorflow() -> None:

@@ -94,12 +94,6 @@ class ClassifyRequest(Request):
     texts: list[Text] = Field(min_length=1, max_length=SETTINGS.max_texts)
 
 
-class ClassifyResponse(BaseModel):
-    intents: list[str]
-    scores: list[float] = Field(description="Probability of each predicted intent.")
-    version: str = Field(description="The tenant model version that answered.")
-
-
 class Example(Request):
     text: Text
     intent: Intent
@@ -113,14 +107,6 @@ class TrainRequest(Request):
 
 class TenantRequest(Request):
     tenant: TenantName
-
-
-class Registered(BaseModel):
-    tenant: str
-    version: str
-    labels: list[str]
-    bytes: int
-    metrics: dict[str, float]
 
 
 class InferenceRequest(Request):

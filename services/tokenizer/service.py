@@ -14,7 +14,7 @@ import bentoml
 import numpy as np
 
 from runners.errors import replies_on_error
-from runners.protocol import timing_headers
+from runners.protocol import Classified, Registered, timing_headers
 from runners.tenants.store import check_name
 from services.tokenizer.error_bodies import ConformingErrors
 from services.tokenizer.json_only import JsonOnly
@@ -23,12 +23,10 @@ from services.tokenizer.runner_client import Embedded, Runners
 from services.tokenizer.schemas import (
     SETTINGS,
     ClassifyRequest,
-    ClassifyResponse,
     EmbedRequest,
     EmbedResponse,
     InferenceRequest,
     InferenceResponse,
-    Registered,
     SimilarityRequest,
     SimilarityResponse,
     TenantRequest,
@@ -141,14 +139,14 @@ class Tokenizer:
 
     @bentoml.api
     @replies_on_error
-    async def classify(self, request: ClassifyRequest, /, ctx: bentoml.Context) -> ClassifyResponse:
+    async def classify(self, request: ClassifyRequest, /, ctx: bentoml.Context) -> Classified:
         """Intent of each text with the tenant's own model (seed 000); 404 for an unknown tenant."""
         self._tenant(request.tenant, ctx)
         started = time.perf_counter()
         ids = await self.text.run(self.text.sentencepiece, request.texts)
         result = await self.runners.tenant("classify", tenant=request.tenant, ids=ids)
         ctx.response.headers["X-Total-Time"] = f"{(time.perf_counter() - started) * 1000:.2f}"
-        return ClassifyResponse(**result)
+        return Classified(**result)
 
     if SETTINGS.admin_enabled:
         # The tenant registry. With admin_enabled off these methods are never defined: the routes
