@@ -24,7 +24,7 @@ BASE_IMAGE_CMD := $(if $(BASE_IMAGE),PATH=$(DOCKER_PATH) deploy/engine/base-imag
 IMAGES_CMD := PATH=$(DOCKER_PATH) BASE_IMAGE=$(BASE_IMAGE) $(PY) deploy/bentos.py images \
 	--tag $(IMAGE_TAG) --only tokenizer,onnx-runner,tf-runner,tenant-runner
 
-.PHONY: help install tools models parity bench chaos tenants tenant-figures serve test lint format clean \
+.PHONY: help install tools models parity bench chaos soak tenants tenant-figures serve test lint format clean \
 	bentos engine engine-stop base-image images test-containers
 
 help: ## List the targets
@@ -52,13 +52,16 @@ parity: models ## Parity report of every backend against PyTorch (build/parity.j
 	$(PY) -m models.parity
 
 tenants: models ## Build N demo tenants (default 1000) into the tenant store, reusing those built
-	$(PY) -m runners.tenants demo --count $(N) $(if $(FORCE),--force)
+	$(PY) -m tools.tenants demo --count $(N) $(if $(FORCE),--force)
 
 bench: models ## Side-by-side benchmark: raw engine, this stack, FastAPI, naive BentoML (BENCH_QUICK=1: short)
 	$(PY) -m loadtests.bench
 
 chaos: models ## Overload at 4x capacity, recovery, workers SIGKILLed under load (PHASE_S seconds a phase)
 	$(PY) -m loadtests.chaos --seconds $(or $(PHASE_S),20)
+
+soak: models ## Every endpoint mixed at ~70 % of capacity for SOAK_S seconds (600): memory and fds must not grow
+	$(PY) -m loadtests.soak --seconds $(or $(SOAK_S),600)
 
 tenant-figures: tenants ## Zipf load over the N demo tenants with a 10 % memory budget: latency, hit rate, RSS
 	$(PY) -m loadtests.tenant_figures --tenants $(N)
@@ -90,9 +93,10 @@ test-containers: models ## The compose stack from real images: smoke, Locust, a 
 	  PATH=$(DOCKER_PATH) IMAGE_TAG=$(IMAGE_TAG) $(PY) -m pytest tests/containers -p no:cacheprovider \
 	  || status=$$?; $(ENGINE) stop; exit $$status
 
-lint: install ## ruff lint and format check
+lint: install ## ruff lint and format check, and the import layers (pyproject.toml's importlinter)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/lint-imports
 
 format: install ## Apply ruff's fixes and formatting
 	$(VENV)/bin/ruff check --fix .

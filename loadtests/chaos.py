@@ -7,8 +7,12 @@
    refused fast (429/503 with Retry-After), admitted ones keep a bounded p99, nothing crashes.
 3. **Recovery**: at half capacity, how long until answers come back at normal latency.
 4. **Kills**: at half capacity, SIGKILL the ONNX runner's worker, then the tokenizer's; the
-   supervisor restarts each. Reported: errors by kind, the slowest failure (a hang would show here)
-   and the time until the stack serves again.
+   supervisor restarts each. Reported: errors by kind, the requests in flight at the kill, the
+   slowest failure (a hang would show here) and the time until the stack serves again.
+
+Every outcome is counted by status code (0: no HTTP answer; -1: a 200 with a wrong answer). Every
+answer is compared with a reference embedding of each of its texts, taken from the same stack
+unloaded before the run. After the run, every worker of the graph is checked alive and serving.
 
 Why not Locust: its users are a closed loop, so they slow down with the server and never offer 4x
 its capacity; overload needs arrivals that do not wait for answers. Locust stays the tool for
@@ -26,10 +30,12 @@ import signal
 import statistics
 import sys
 import time
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
+import numpy as np
 import psutil
 
 from loadtests.processes import ROOT, Server, bentoml_serve
@@ -37,6 +43,8 @@ from models import corpus
 
 BULK = 32
 CLIENT_TIMEOUT_S = 30.0
+# fp32 embeddings of one text differ only by float rounding across batch shapes (~1e-7).
+MAX_ABS_DIFF = 1e-5
 
 
 @dataclass
@@ -53,11 +61,13 @@ class Phase:
     name: str
     offered_per_s: float
     outcomes: list[Outcome] = field(default_factory=list, repr=False)
+    inflight_at_kill: int | None = None  # requests sent and unanswered when a worker was killed
 
     def summary(self) -> dict:
         ok = [o for o in self.outcomes if o.status == 200]
         shed = [o for o in self.outcomes if o.status in (429, 503)]
         other = [o for o in self.outcomes if o.status not in (200, 429, 503)]
+        kinds = Counter(f"{o.status} {o.error}".strip() for o in other)
         span = max((o.sent + o.latency_s for o in self.outcomes), default=0) - min(
             (o.sent for o in self.outcomes), default=0
         )
@@ -73,8 +83,13 @@ class Phase:
             "refused_without_retry_after": sum(o.retry_after is None for o in shed),
             "refusal_p50_ms": _ms(_quantile([o.latency_s for o in shed], 0.5)),
             "refusal_p99_ms": _ms(_quantile([o.latency_s for o in shed], 0.99)),
+            "statuses": dict(sorted(Counter(str(o.status) for o in self.outcomes).items())),
+            "server_errors": sum(o.status >= 500 and o.status != 503 for o in self.outcomes),
+            "wrong_answers": sum(o.status == -1 for o in self.outcomes),
+            "transport_errors": sum(o.status == 0 for o in self.outcomes),
+            "inflight_at_kill": self.inflight_at_kill,
             "other_errors": len(other),
-            "other_error_kinds": sorted({f"{o.status} {o.error}".strip() for o in other})[:5],
+            "other_error_kinds": dict(kinds.most_common()),
             "slowest_failure_ms": _ms(max((o.latency_s for o in shed + other), default=None)),
         }
 
@@ -94,10 +109,12 @@ def _ms(seconds: float | None) -> float | None:
 class Load:
     """Bulk /embed requests against one URL: closed-loop clients or open-loop arrivals."""
 
-    def __init__(self, url: str, seed: int = 3) -> None:
+    def __init__(self, url: str, seed: int = 3, pool: int = 256) -> None:
         self.url = url
-        self.texts = corpus.load_texts()
         self.rng = random.Random(seed)
+        self.texts = self.rng.sample(corpus.load_texts(), pool)
+        self.reference: dict[str, np.ndarray] = {}
+        self.inflight = 0
         self.client = httpx.AsyncClient(
             base_url=url,
             timeout=CLIENT_TIMEOUT_S,
@@ -109,21 +126,40 @@ class Load:
             ),
         )
 
-    def body(self) -> dict:
-        return {"texts": self.rng.sample(self.texts, BULK)}
+    async def take_reference(self) -> None:
+        """Each text's embedding from the unloaded stack, one request per 32 texts."""
+        for start in range(0, len(self.texts), BULK):
+            texts = self.texts[start : start + BULK]
+            resp = await self.client.post("/embed", json={"texts": texts})
+            resp.raise_for_status()
+            for text, vector in zip(texts, resp.json()["embeddings"], strict=True):
+                self.reference[text] = np.asarray(vector, dtype=np.float32)
+
+    def wrong(self, texts: list[str], embeddings: list[list[float]]) -> str:
+        """Why an answer is wrong ('' if right): count, or a vector off its reference."""
+        if len(embeddings) != len(texts):
+            return f"{len(embeddings)} vectors for {len(texts)} texts"
+        got = np.asarray(embeddings, dtype=np.float32)
+        want = np.stack([self.reference[t] for t in texts])
+        diff = float(np.max(np.abs(got - want)))
+        return f"max |diff| {diff:.1e} from the reference" if diff > MAX_ABS_DIFF else ""
 
     async def one(self, phase: Phase) -> None:
+        texts = self.rng.sample(self.texts, BULK)
         sent = time.monotonic()
+        self.inflight += 1
         try:
-            resp = await self.client.post("/embed", json=self.body())
+            resp = await self.client.post("/embed", json={"texts": texts})
             outcome = Outcome(sent, time.monotonic() - sent, resp.status_code)
             outcome.retry_after = resp.headers.get("retry-after")
-            if resp.status_code == 200 and len(resp.json()["embeddings"]) != BULK:
-                outcome.status, outcome.error = -1, "wrong answer"
+            if resp.status_code == 200 and (why := self.wrong(texts, resp.json()["embeddings"])):
+                outcome.status, outcome.error = -1, f"wrong answer: {why}"
             elif resp.status_code not in (200, 429, 503):
                 outcome.error = resp.text[:80]
         except httpx.HTTPError as exc:
             outcome = Outcome(sent, time.monotonic() - sent, 0, error=type(exc).__name__)
+        finally:
+            self.inflight -= 1
         phase.outcomes.append(outcome)
 
     async def closed(self, name: str, clients: int, seconds: float) -> Phase:
@@ -138,9 +174,9 @@ class Load:
         phase.offered_per_s = len(phase.outcomes) / seconds
         return phase
 
-    async def open(self, name: str, per_s: float, seconds: float) -> Phase:
-        """Arrivals at a steady rate, whatever the answers do."""
-        phase = Phase(name, per_s)
+    async def open(self, phase: Phase, seconds: float) -> Phase:
+        """Arrivals at ``phase.offered_per_s``, whatever the answers do."""
+        per_s = phase.offered_per_s
         tasks: list[asyncio.Task] = []
         started = time.monotonic()
         for i in range(int(per_s * seconds)):
@@ -190,6 +226,7 @@ async def kill_during_load(
     async def kill_then_measure() -> float | None:
         await asyncio.sleep(seconds / 3)
         victim = worker(server, service)
+        phase.inflight_at_kill = load.inflight
         os.kill(victim.pid, signal.SIGKILL)
         killed = time.monotonic()
         # Serving again: a request through the whole graph answers 200.
@@ -201,21 +238,48 @@ async def kill_during_load(
             await asyncio.sleep(0.2)
         return None
 
+    phase = Phase(f"kill {service}", per_s)
     killer = asyncio.create_task(kill_then_measure())
-    phase = await load.open(f"kill {service}", per_s, seconds)
+    await load.open(phase, seconds)
     return phase, await killer
+
+
+async def workers_serving(load: Load, server: Server) -> dict[str, bool]:
+    """Each service's worker alive (by PID, among the server's descendants) and answering: a
+    request that goes through that service."""
+    probes = {
+        "tokenizer": ("/tokenize", {"texts": ["alive"]}),
+        "onnx_runner": ("/embed", {"texts": ["alive"], "backend": "onnx"}),
+        "tf_runner": ("/embed", {"texts": ["alive"], "backend": "tf"}),
+        # an unknown tenant is a 404 from the tenant runner itself
+        "tenant_runner": ("/classify", {"tenant": "no-such-tenant", "texts": ["alive"]}),
+    }
+    status = {}
+    for service, (path, body) in probes.items():
+        try:
+            alive = worker(server, service).is_running()
+        except LookupError:
+            alive = False
+        resp = await load.client.post(path, json=body)
+        expected = 404 if service == "tenant_runner" else 200
+        answered = resp.status_code == expected and (
+            service != "tenant_runner" or "no-such-tenant" in resp.json().get("error", "")
+        )
+        status[service] = alive and answered
+    return status
 
 
 async def run(url: str, server: Server | None, seconds: float) -> dict:
     load = Load(url)
     try:
+        await load.take_reference()
         baseline = await load.closed("unloaded", 1, min(5.0, seconds))
         baseline_p50 = _quantile([o.latency_s for o in baseline.outcomes], 0.5) or 1.0
         capacity = await load.closed("capacity", 8, seconds)
         per_s = capacity.summary()["served_per_s"]
         print(f"capacity: {per_s:.1f} bulk requests/s ({per_s * BULK:.0f} sentences/s)", flush=True)
         print(f"overload: {4 * per_s:.1f} requests/s for {seconds:.0f} s …", flush=True)
-        overload = await load.open("overload 4x", 4 * per_s, seconds)
+        overload = await load.open(Phase("overload 4x", 4 * per_s), seconds)
         recovered = await recovery_s(load, baseline_p50)
         print(f"  refused {overload.summary()['refused']}; recovered in {recovered} s", flush=True)
         report = {
@@ -237,6 +301,7 @@ async def run(url: str, server: Server | None, seconds: float) -> dict:
                 report["kills"].append({"service": service, "serving_again_s": serving_again})
                 await recovery_s(load, baseline_p50)
             report["server_alive"] = server.proc is not None and server.proc.poll() is None
+            report["workers_serving"] = await workers_serving(load, server)
         return report
     finally:
         await load.close()
@@ -251,13 +316,15 @@ def render(report: dict) -> str:
         lines.append(
             f"| {p['phase']} | {p['offered_per_s']} | {p['served_per_s']} | {p['served_p99_ms']} "
             f"| {p['refused']} | {p['refusal_p99_ms']} | {p['refused_without_retry_after']} "
-            f"| {p['other_errors']} {' '.join(p['other_error_kinds'])} | {p['slowest_failure_ms']} |"
+            f"| {p['other_errors']} {p['other_error_kinds'] or ''} | {p['slowest_failure_ms']} |"
         )
     lines.append(f"\nrecovery after overload: {report['recovery_after_overload_s']} s")
     for kill in report["kills"]:
         lines.append(
             f"{kill['service']} worker SIGKILLed: serving again after {kill['serving_again_s']} s"
         )
+    if "workers_serving" in report:
+        lines.append(f"workers alive and serving after the run: {report['workers_serving']}")
     return "\n".join(lines)
 
 

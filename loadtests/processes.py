@@ -2,12 +2,16 @@
 
 Used by the end-to-end tests and the benchmark. Stopping signals the server's PID and the PIDs of
 its descendants, collected from the process tree (BentoML starts each worker in a session of its
-own, so a process-group signal would miss them); nothing is ever matched by name.
+own, so a process-group signal would miss them); nothing is ever matched by name. Descendants are
+remembered as they are seen, so they are stopped even when the server itself has already died; and
+``adopt_orphans`` makes the calling process the reaper of orphaned descendants, so a worker whose
+arbiter was killed stays findable under it.
 """
 
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import os
 import signal
 import socket
@@ -22,6 +26,31 @@ import psutil
 
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
+
+
+_PR_SET_CHILD_SUBREAPER = 36  # linux/prctl.h
+
+
+def adopt_orphans() -> bool:
+    """Make this process the reaper of its orphaned descendants (Linux ``PR_SET_CHILD_SUBREAPER``):
+    a BentoML worker whose arbiter died is re-parented here instead of to init, so it is still
+    this process's descendant, found by PID. Returns whether the kernel accepted it."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        return libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
+    except (OSError, AttributeError):
+        return False
+
+
+def stop_processes(
+    processes: Sequence[psutil.Process], timeout_s: float = 5
+) -> list[psutil.Process]:
+    """SIGKILL each process by PID and wait for it (reaping our children); returns any still alive."""
+    for proc in processes:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            proc.kill()
+    _, alive = psutil.wait_procs(processes, timeout=timeout_s)
+    return alive
 
 
 def free_port() -> int:
@@ -45,6 +74,7 @@ class Server:
         self.log = log
         self.env = {**os.environ, "BENTOML_DO_NOT_TRACK": "True", **(env or {})}
         self.proc: subprocess.Popen | None = None
+        self._seen: dict[int, psutil.Process] = {}  # every descendant seen, by PID
 
     @property
     def url(self) -> str:
@@ -80,27 +110,44 @@ class Server:
         )
 
     def descendants(self) -> list[psutil.Process]:
-        if self.proc is None:
-            return []
-        try:
-            return psutil.Process(self.proc.pid).children(recursive=True)
-        except psutil.NoSuchProcess:
-            return []
+        """The server's live descendants: those in its tree now, and any seen before that are
+        still running (``is_running`` compares start times, so a reused PID is not mistaken)."""
+        if self.proc is not None and self.proc.poll() is None:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                for child in psutil.Process(self.proc.pid).children(recursive=True):
+                    self._seen.setdefault(child.pid, child)
+        return [p for p in self._seen.values() if p.is_running()]
 
     def stop(self, grace_s: float = 20) -> None:
-        if self.proc is None or self.proc.poll() is not None:
+        """SIGTERM (the server shuts its workers down itself), then SIGKILL by PID whatever is left,
+        the server's descendants included even if the server itself has already gone."""
+        if self.proc is None:
             return
         children = self.descendants()
-        self.proc.send_signal(signal.SIGTERM)  # the server shuts its workers down itself
-        try:
-            self.proc.wait(grace_s)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(grace_s)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
         _, alive = psutil.wait_procs(children, timeout=5)
-        for child in alive:  # whatever outlived the server, by PID
-            with contextlib.suppress(psutil.NoSuchProcess):
-                child.kill()
+        left = stop_processes(alive)
+        if left:
+            raise RuntimeError(
+                f"processes of {self.argv[:3]} survived SIGKILL: {[p.pid for p in left]}"
+            )
+
+    def kill(self) -> list[int]:
+        """A crash, not a shutdown: SIGKILL the server and every descendant by PID, reap them, and
+        check they are gone. Returns the PIDs killed (the server's first)."""
+        assert self.proc is not None, "not started"
+        children = self.descendants()
+        self.proc.kill()  # first, so that no worker is restarted
+        self.proc.wait()
+        left = stop_processes(children)
+        assert not left, f"still alive after SIGKILL: {[p.pid for p in left]}"
+        return [self.proc.pid, *(p.pid for p in children)]
 
     def tail(self, lines: int = 40) -> str:
         try:

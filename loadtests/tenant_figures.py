@@ -21,7 +21,7 @@ import httpx
 import numpy as np
 
 from loadtests.processes import ROOT, Server, bentoml_serve
-from runners.tenants import demo
+from models import demo_tenants as demo
 from runners.tenants.loader import RESIDENT_PER_FILE_BYTE
 from runners.tenants.settings import TenantRunnerSettings
 from runners.tenants.store import TenantStore, size_of
@@ -102,7 +102,8 @@ def main(argv: list[str] | None = None) -> int:
 
     import sentencepiece
 
-    from models import contracts, store
+    from models import store
+    from serving import contracts
 
     settings = TenantRunnerSettings()
     tenants = TenantStore(settings.store)

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 
-from models.contracts import SENTENCE_EMBEDDING
+from serving.contracts import SENTENCE_EMBEDDING
 
 OPSET = 17
 DYNAMIC_AXES = {spec.name: {0: "batch", 1: "sequence"} for spec in SENTENCE_EMBEDDING.inputs} | {

@@ -1,9 +1,10 @@
-"""Seed 003's parity check as a report (``make parity``).
+"""The parity check as a report (``make parity``): every backend against PyTorch.
 
 On a fixed set of STS-style sentence pairs, every backend's cosine similarity is compared with the
 PyTorch reference: how many pairs flip their 0/1 label at a threshold, and the max/min/mean/std of
-the absolute difference. The backends are the runners' own engines over the stored models, so
-what is checked is what is served. Writes build/parity.json; exits non-zero when a gate fails.
+the absolute difference. The backends are the engines the runners serve with (serving/engines)
+over the stored models, so what is checked is what is served. Writes build/parity.json; exits
+non-zero when a gate fails.
 
     python -m models.parity [--threshold 0.5] [--pairs 600] [--out build/parity.json]
 """
@@ -18,8 +19,9 @@ from pathlib import Path
 
 import numpy as np
 
-from models import contracts, corpus, source, store
-from models.features import Feeds, load_tokenizer, pad, tokenize
+from models import corpus, source, store
+from serving import contracts
+from serving.features import Feeds, cosine, load_tokenizer, pad, tokenize
 
 FP32_MAX_DIFF = 1e-5
 INT8_MAX_MISMATCH_RATE = 0.01
@@ -27,8 +29,8 @@ INT8_MAX_MISMATCH_RATE = 0.01
 
 def backends(threads: int = 2) -> dict[str, Callable[[Feeds], np.ndarray]]:
     from models import torch_reference
-    from runners.onnx.engine import OnnxEngine
-    from runners.tf.engine import TFEngine
+    from serving.engines.onnx import OnnxEngine
+    from serving.engines.tf import TFEngine
 
     contract = contracts.SENTENCE_EMBEDDING
     reference = torch_reference.load(source.resolve().path)
@@ -55,8 +57,7 @@ def similarities(
 ) -> np.ndarray:
     # Unsorted batches of 32: every batch mixes lengths, so padding leaking into an embedding shows.
     vectors = np.concatenate([embed(pad(ids[i : i + 32])) for i in range(0, len(ids), 32)])
-    a, b = vectors[[p[0] for p in pairs]], vectors[[p[1] for p in pairs]]
-    return np.sum(a * b, axis=1) / (np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1))
+    return cosine(vectors[[p[0] for p in pairs]], vectors[[p[1] for p in pairs]])
 
 
 def report(threshold: float = 0.5, count: int = 600) -> tuple[dict[str, dict], dict[str, float]]:

@@ -19,15 +19,16 @@ from typing import Any
 import bentoml
 from bentoml.exceptions import NotFound
 
-MODELS_DIR = Path(__file__).parent
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def code_hash(*files: str) -> str:
-    """Hash of builder source files (paths relative to models/), so a code change rebuilds."""
+    """Hash of the source files that shape an artefact (paths relative to the repository root),
+    so a code change rebuilds it."""
     digest = hashlib.sha256()
     for name in sorted(files):
         digest.update(name.encode())
-        digest.update((MODELS_DIR / name).read_bytes())
+        digest.update((ROOT / name).read_bytes())
     return digest.hexdigest()[:16]
 
 

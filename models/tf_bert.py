@@ -15,7 +15,7 @@ import numpy as np
 import tensorflow as tf
 from safetensors.numpy import load_file
 
-from models.contracts import SENTENCE_EMBEDDING
+from serving.contracts import SENTENCE_EMBEDDING
 
 
 class TFSentenceEncoder(tf.Module):

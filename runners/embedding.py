@@ -6,11 +6,10 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from models.features import pad
-from runners.batching import Batcher, Policy
-from runners.batching.core import Engine
-from runners.batching.metrics import Recorder
-from runners.protocol import EmbedResult, timing_headers
+from serving.batching import Batcher, Engine, Policy
+from serving.batching.metrics import Recorder
+from serving.features import pad
+from serving.protocol import EmbedResult, timing_headers
 
 
 def calibrate(engine: Engine, rows: int = 16, length: int = 32) -> float:

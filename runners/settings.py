@@ -1,4 +1,5 @@
-"""Settings every runner has: instances, engine threads and the batching policy.
+"""Settings every runner has: instances, engine threads and the batching policy (queue limits
+come from ``serving.settings.QueueSettings``).
 
 Each runner subclasses ``RunnerSettings`` with its own env prefix (``BUNDLE_ONNX_``, ``BUNDLE_TF_``…),
 so ``BUNDLE_ONNX_WORKERS=2`` overrides one runner and nothing else.
@@ -7,20 +8,13 @@ so ``BUNDLE_ONNX_WORKERS=2`` overrides one runner and nothing else.
 from __future__ import annotations
 
 from pydantic import Field, model_validator
-from pydantic_settings import BaseSettings
 
-from runners.batching import Policy
-
-
-def available_cores() -> int:
-    """Cores this process may use, honouring cgroup CPU quotas (containers, Kubernetes limits)."""
-    # bentoml's resource probe reads cgroup v1/v2 quotas; os.cpu_count() would see the whole host.
-    from bentoml._internal.resource import system_resources
-
-    return max(1, int(system_resources()["cpu"]))
+from serving.batching import Policy
+from serving.batching.grouping import CALL_OVERHEAD_TOKENS
+from serving.settings import QueueSettings, available_cores
 
 
-class RunnerSettings(BaseSettings):
+class RunnerSettings(QueueSettings):
     workers: int = Field(
         1, ge=1, description="Concurrent instances (worker processes) of this runner."
     )
@@ -38,18 +32,8 @@ class RunnerSettings(BaseSettings):
     round_tokens: int = Field(
         8192, ge=1, description="Real tokens taken from the queue and sorted together per round."
     )
-    max_queue_tokens: int = Field(
-        131072,
-        ge=1,
-        description="Tokens allowed to wait (~8 s of work here); beyond this requests get 429.",
-    )
-    deadline_s: float = Field(
-        10.0,
-        gt=0,
-        description="Queue + engine time a request may take; one that cannot make it gets 503 at once.",
-    )
     call_overhead_tokens: int = Field(
-        32,
+        CALL_OVERHEAD_TOKENS,
         ge=1,
         description="An engine call's fixed cost in padded tokens; the grouper weighs it against padding. "
         "Higher values give fewer, larger calls.",

@@ -10,9 +10,10 @@ import threading
 from fastapi import FastAPI
 from pydantic import BaseModel
 
-from models import contracts, store
-from models.features import load_tokenizer, pad, tokenize
-from runners.onnx.engine import OnnxEngine
+from models import store
+from serving import contracts
+from serving.engines.onnx import OnnxEngine
+from serving.features import load_tokenizer, pad, tokenize
 
 tokenizer = load_tokenizer(store.path_of(contracts.TOKENIZER) / "tokenizer.json")
 engine = OnnxEngine(

@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import bentoml
 
-from models import contracts, store
+from models import store
+from serving import contracts
 
 
 @bentoml.service(runner_connection={"max_requests": 2**62, "max_age": 1e12})
@@ -27,7 +28,7 @@ class NaiveOnnx:
 
     @bentoml.api(batchable=True)
     def embed(self, ids: list[list[int]]) -> list[list[float]]:
-        from models.features import pad
+        from serving.features import pad
 
         return self.session.run(["sentence_embedding"], pad(ids))[0].tolist()
 
@@ -37,7 +38,7 @@ class NaiveFront:
     onnx = bentoml.depends(NaiveOnnx)
 
     def __init__(self) -> None:
-        from models.features import load_tokenizer
+        from serving.features import load_tokenizer
 
         self.tokenizer = load_tokenizer(store.path_of(contracts.TOKENIZER) / "tokenizer.json")
 

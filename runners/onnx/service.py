@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import bentoml
 
-from models import contracts
 from runners import embedding
-from runners.errors import replies_on_error
 from runners.onnx.settings import OnnxRunnerSettings
-from runners.protocol import DeadlineSeconds, EmbedResult, TokenIds, Variant
-from runners.tf_serving import current_servables, predict_app
+from runners.predict_api import current_servables, predict_app
+from serving import contracts
+from serving.errors import replies_on_error
+from serving.protocol import DeadlineSeconds, EmbedResult, TokenIds, Variant
 
 SETTINGS = OnnxRunnerSettings()
 
@@ -21,7 +21,7 @@ class OnnxRunner:
     int8 = bentoml.models.BentoModel(SETTINGS.int8_model)
 
     def __init__(self) -> None:
-        from runners.onnx.engine import OnnxEngine
+        from serving.engines.onnx import OnnxEngine
 
         engines = {
             variant: OnnxEngine(

@@ -11,8 +11,8 @@ import collections
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
-from runners.errors import ApiError
 from runners.tenants.loader import LoadedModel
+from serving.errors import ApiError
 
 Key = tuple[str, str]
 

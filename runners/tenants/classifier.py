@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-from models.features import pad
+from serving.features import pad
 
 OPSET = 17
 
@@ -39,6 +39,13 @@ class Classifier:
         logits = pooled @ self.weights + self.bias
         exp = np.exp(logits - logits.max(1, keepdims=True))
         return exp / exp.sum(1, keepdims=True)
+
+
+def accuracy(predicted: Sequence[str], wanted: Sequence[str]) -> float:
+    """Share of predictions equal to the wanted intent (NaN for no examples)."""
+    if not wanted:
+        return float("nan")
+    return float(np.mean([p == w for p, w in zip(predicted, wanted, strict=True)]))
 
 
 def train(

@@ -9,10 +9,10 @@ from typing import Any
 
 import numpy as np
 
-from models.contracts import TENANT_CLASSIFIER, ContractError
-from models.features import pad
-from runners.batching.core import Engine
 from runners.tenants.store import ONNX_FILE, TF_DIR, InvalidModel, Manifest, read_manifest, size_of
+from serving.batching import Engine
+from serving.contracts import TENANT_CLASSIFIER, ContractError
+from serving.features import pad
 
 PROBE = [[3, 4, 5], [6]]
 # Resident memory of a loaded, serving model per byte of its files, measured with the demo tenants
@@ -42,7 +42,7 @@ def load(tenant: str, version: str, directory: Path, threads: int = 1) -> Loaded
     manifest: Manifest = read_manifest(directory)
     try:
         if manifest.format == "onnx":
-            from runners.onnx.engine import OnnxEngine
+            from serving.engines.onnx import OnnxEngine
 
             engine: Engine = OnnxEngine(
                 directory / ONNX_FILE,
@@ -53,7 +53,7 @@ def load(tenant: str, version: str, directory: Path, threads: int = 1) -> Loaded
                 memory_arena=False,
             )
         else:
-            from runners.tf.engine import TFEngine
+            from serving.engines.tf import TFEngine
 
             engine = TFEngine(directory / TF_DIR, TENANT_CLASSIFIER, threads=threads, name=tenant)
         probe = np.asarray(engine(pad(PROBE)))

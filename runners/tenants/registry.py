@@ -7,10 +7,7 @@ probability distribution) in a staging directory before ``TenantStore.publish`` 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
-
-import numpy as np
 
 from runners.tenants import classifier
 from runners.tenants.loader import load
@@ -25,18 +22,11 @@ from runners.tenants.store import (
     read_manifest,
     write_manifest,
 )
+from serving.contracts import SPM_VOCAB
+from serving.protocol import Registered
 
 
-@dataclass(frozen=True)
-class Published:
-    tenant: str
-    version: str
-    labels: list[str]
-    bytes: int
-    metrics: dict[str, float]
-
-
-def _checked_publish(store: TenantStore, tenant: str, staged: Path) -> Published:
+def _checked_publish(store: TenantStore, tenant: str, staged: Path) -> Registered:
     try:
         model = load(tenant, "staged", staged)
         metrics = read_manifest(staged).metrics
@@ -44,7 +34,9 @@ def _checked_publish(store: TenantStore, tenant: str, staged: Path) -> Published
     except BaseException:
         discard(staged)
         raise
-    return Published(tenant, version, model.labels, model.file_bytes, metrics)
+    return Registered(
+        tenant=tenant, version=version, labels=model.labels, bytes=model.file_bytes, metrics=metrics
+    )
 
 
 def train(
@@ -53,25 +45,23 @@ def train(
     ids: Sequence[Sequence[int]],
     intents: Sequence[str],
     *,
-    vocab: int,
+    vocab: int = SPM_VOCAB,
     fmt: str = "onnx",
     dim: int = 256,
     epochs: int = 30,
     seed: int = 0,
     source: str = "train",
     extra_metrics: dict[str, float] | None = None,
-) -> Published:
-    """seed 000's /train: examples in, classifier trained, exported, registered as a new version."""
+) -> Registered:
+    """Examples in, classifier trained, exported, registered as the tenant's new version."""
     check_name(tenant)
     if len(ids) != len(intents):
         raise InvalidModel(f"{len(ids)} texts but {len(intents)} intents")
     if len(set(intents)) < 2:
         raise InvalidModel("training needs examples of at least two intents")
     clf = classifier.train(ids, intents, vocab=vocab, dim=dim, epochs=epochs, seed=seed)
-    predicted = clf.probabilities(ids).argmax(axis=1)
-    accuracy = float(
-        np.mean([clf.labels[p] == want for p, want in zip(predicted, intents, strict=True)])
-    )
+    predicted = [clf.labels[i] for i in clf.probabilities(ids).argmax(axis=1)]
+    accuracy = classifier.accuracy(predicted, intents)
     staged = store.staging()
     try:
         if fmt == "onnx":
@@ -94,7 +84,7 @@ def train(
     return _checked_publish(store, tenant, staged)
 
 
-def upload(store: TenantStore, tenant: str, archive: Path, max_bytes: int) -> Published:
+def upload(store: TenantStore, tenant: str, archive: Path, max_bytes: int) -> Registered:
     """A model archive (.tar.gz of manifest.json + model.onnx or saved_model/), validated first."""
     check_name(tenant)
     staged = store.unpack(archive, max_bytes)

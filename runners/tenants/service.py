@@ -10,35 +10,30 @@ from __future__ import annotations
 import asyncio
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Annotated, Any, Literal
 
 import bentoml
-from pydantic import Field
 
-from models.sentencepiece_build import TRAINER
-from runners.batching import Batcher
-from runners.batching.metrics import Recorder
-from runners.errors import replies_on_error
-from runners.protocol import Classified, Registered, timing_headers
 from runners.tenants import registry
 from runners.tenants.cache import ModelCache
 from runners.tenants.loader import LoadedModel, load
 from runners.tenants.metrics import LOAD_SECONDS, Exporter
 from runners.tenants.settings import TenantRunnerSettings
-from runners.tenants.store import TenantStore, check_name
+from runners.tenants.store import TenantStore
+from serving.batching import Batcher
+from serving.batching.metrics import Recorder
+from serving.errors import replies_on_error
+from serving.protocol import (
+    Classified,
+    Deleted,
+    Registered,
+    SpmIds,
+    TenantFormat,
+    TenantInfo,
+    timing_headers,
+)
+from serving.tenant_names import check_name
 
 SETTINGS = TenantRunnerSettings()
-SPM_VOCAB = TRAINER["vocab_size"]
-
-SpmIds = Annotated[
-    list[
-        Annotated[
-            list[Annotated[int, Field(ge=0, lt=SPM_VOCAB)]], Field(min_length=1, max_length=512)
-        ]
-    ],
-    Field(min_length=1, max_length=1024),
-]
-Format = Literal["onnx", "tf"]
 
 
 def warm_up_tensorflow() -> None:
@@ -117,6 +112,7 @@ class TenantRunner:
             intents=[model.labels[i] for i in best],
             scores=[float(probabilities[row, i]) for row, i in enumerate(best)],
             version=model.version,
+            cache=cache,
         )
 
     @bentoml.api(route="/tenants/train")
@@ -127,16 +123,16 @@ class TenantRunner:
         ids: SpmIds,
         intents: list[str],
         ctx: bentoml.Context,
-        format: Format = "onnx",
+        format: TenantFormat = "onnx",
     ) -> Registered:
         """Train a classifier from examples, export it, register it as the tenant's new version."""
         check_name(tenant)
         async with self.training:
             published = await asyncio.to_thread(
                 registry.train, self.store, tenant, ids, intents,
-                vocab=SPM_VOCAB, fmt=format, dim=SETTINGS.train_dim, epochs=SETTINGS.train_epochs,
+                fmt=format, dim=SETTINGS.train_dim, epochs=SETTINGS.train_epochs,
             )  # fmt: skip
-        return Registered(**vars(published))
+        return published
 
     @bentoml.api(route="/tenants/upload")
     @replies_on_error
@@ -146,7 +142,7 @@ class TenantRunner:
         published = await asyncio.to_thread(
             registry.upload, self.store, tenant, file, SETTINGS.max_upload_bytes
         )
-        return Registered(**vars(published))
+        return published
 
     @bentoml.api(route="/tenants/list")
     async def list_tenants(self) -> list[str]:
@@ -155,18 +151,18 @@ class TenantRunner:
 
     @bentoml.api(route="/tenants/show")
     @replies_on_error
-    async def show(self, tenant: str, ctx: bentoml.Context) -> dict[str, Any]:
+    async def show(self, tenant: str, ctx: bentoml.Context) -> TenantInfo:
         """A tenant's current version, labels, metrics and size."""
-        return self.store.show(check_name(tenant))
+        return await asyncio.to_thread(self.store.show, check_name(tenant))
 
     @bentoml.api(route="/tenants/delete")
     @replies_on_error
-    async def delete(self, tenant: str, ctx: bentoml.Context) -> dict[str, Any]:
+    async def delete(self, tenant: str, ctx: bentoml.Context) -> Deleted:
         """Remove a tenant; requests already running on its model finish."""
-        self.store.delete(check_name(tenant))
+        await asyncio.to_thread(self.store.delete, check_name(tenant))
         self.cache.drop(tenant)
         self.export_metrics(self.cache.stats)
-        return {"tenant": tenant, "deleted": True}
+        return Deleted(tenant=tenant, deleted=True)
 
     @bentoml.api(route="/tenants/stats")
     async def stats(self) -> dict[str, float]:

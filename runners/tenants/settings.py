@@ -5,7 +5,6 @@ from pathlib import Path
 from pydantic import Field
 from pydantic_settings import SettingsConfigDict
 
-from models import contracts
 from runners.settings import RunnerSettings
 
 
@@ -46,10 +45,6 @@ class TenantRunnerSettings(RunnerSettings):
         256, ge=8, le=1024, description="Embedding size of models trained through /tenants/train."
     )
     train_epochs: int = Field(30, ge=1, le=500, description="Training epochs for /tenants/train.")
-    sentencepiece_model: str = Field(
-        f"{contracts.SENTENCEPIECE}:latest",
-        description="The SentencePiece model tenant models are trained on (vocabulary size).",
-    )
 
     @property
     def budget_bytes(self) -> int:

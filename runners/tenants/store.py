@@ -16,7 +16,6 @@ import contextlib
 import datetime as dt
 import json
 import os
-import re
 import secrets
 import shutil
 import tarfile
@@ -26,16 +25,13 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from runners.errors import ApiError
+from serving.errors import ApiError
+from serving.protocol import TenantInfo
+from serving.tenant_names import NAME, check_name
 
 MANIFEST = "manifest.json"
 ONNX_FILE = "model.onnx"
 TF_DIR = "saved_model"
-NAME = re.compile(r"^[a-z0-9][a-z0-9_-]{0,62}$")
-
-
-class InvalidTenantName(ApiError):
-    status = 422
 
 
 class UnknownTenant(ApiError):
@@ -46,16 +42,6 @@ class InvalidModel(ApiError):
     """An upload or training result refused before it could replace anything."""
 
     status = 422
-
-
-def check_name(name: str) -> str:
-    """Validate a tenant name without touching the filesystem."""
-    if not isinstance(name, str) or not NAME.fullmatch(name):
-        shown = name[:40] + "…" if isinstance(name, str) and len(name) > 40 else name
-        raise InvalidTenantName(
-            f"invalid tenant name {shown!r}: use 1-63 lowercase letters, digits, '-' or '_', starting with a letter or digit"
-        )
-    return name
 
 
 class Manifest(BaseModel):
@@ -165,20 +151,20 @@ class TenantStore:
             if NAME.fullmatch(p.name) and (p / "current").is_symlink()
         )
 
-    def show(self, name: str) -> dict:
+    def show(self, name: str) -> TenantInfo:
         version, path = self.require(name)
         manifest = read_manifest(path)
-        return {
-            "tenant": name,
-            "version": version,
-            "format": manifest.format,
-            "labels": manifest.labels,
-            "source": manifest.source,
-            "created": manifest.created,
-            "metrics": manifest.metrics,
-            "bytes": size_of(path),
-            "versions": sorted(p.name for p in (path.parent).iterdir()),
-        }
+        return TenantInfo(
+            tenant=name,
+            version=version,
+            format=manifest.format,
+            labels=manifest.labels,
+            source=manifest.source,
+            created=manifest.created,
+            metrics=manifest.metrics,
+            bytes=size_of(path),
+            versions=sorted(p.name for p in (path.parent).iterdir()),
+        )
 
     def delete(self, name: str) -> None:
         tenant = self._dir(name)

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import bentoml
 
-from models import contracts
 from runners import embedding
-from runners.errors import replies_on_error
-from runners.protocol import DeadlineSeconds, EmbedResult, TokenIds
+from runners.predict_api import current_servables, predict_app
 from runners.tf.settings import TFRunnerSettings
-from runners.tf_serving import current_servables, predict_app
+from serving import contracts
+from serving.errors import replies_on_error
+from serving.protocol import DeadlineSeconds, EmbedResult, TokenIds
 
 SETTINGS = TFRunnerSettings()
 
@@ -20,7 +20,7 @@ class TFRunner:
     model = bentoml.models.BentoModel(SETTINGS.model)
 
     def __init__(self) -> None:
-        from runners.tf.engine import TFEngine
+        from serving.engines.tf import TFEngine
 
         engine = TFEngine(
             self.model.path_of("saved_model"),

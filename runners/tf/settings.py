@@ -3,8 +3,8 @@ from __future__ import annotations
 from pydantic import Field
 from pydantic_settings import SettingsConfigDict
 
-from models import contracts
 from runners.settings import RunnerSettings
+from serving import contracts
 
 
 class TFRunnerSettings(RunnerSettings):

@@ -1,8 +1,11 @@
-"""The public API takes JSON only: any other body on a JSON endpoint is a 415 with a message.
+"""The public API takes JSON only: any other body on a JSON endpoint is a 415 with a message; and the
+multipart upload takes a well-formed multipart body only (400 otherwise).
 
 BentoML 1.4.39 parses a ``text/plain`` body as JSON and answers 200, so a client sending the wrong
-content type would not find out; and a pickle body (the inter-service transport) must never be
-decoded on the public port. Multipart endpoints (the model upload) are left to BentoML.
+content type would not find out; a pickle body (the inter-service transport) must never be decoded
+on the public port; and a malformed multipart body made BentoML's form parser raise, a 500 (found by
+fuzzing the upload). The upload's body is parsed here first, with the parser BentoML uses
+(Starlette's), and handed on unchanged when it parses.
 """
 
 from __future__ import annotations
@@ -10,7 +13,11 @@ from __future__ import annotations
 import json
 from typing import Any
 
-MULTIPART_PATHS = frozenset({"/tenants/upload"})
+from starlette.exceptions import HTTPException
+from starlette.formparsers import MultiPartException
+from starlette.requests import Request
+
+UPLOAD_PATH = "/tenants/upload"
 
 
 def _is_json(content_type: bytes) -> bool:
@@ -18,34 +25,67 @@ def _is_json(content_type: bytes) -> bool:
     return media == b"application/json" or media.endswith(b"+json")
 
 
+def _is_multipart(content_type: bytes) -> bool:
+    return content_type.split(b";")[0].strip().lower() == b"multipart/form-data"
+
+
 class JsonOnly:
-    def __init__(self, app: Any) -> None:
+    def __init__(self, app: Any, multipart_paths: frozenset[str] = frozenset()) -> None:
+        """``multipart_paths``: the routes that take multipart bodies (the upload, when served)."""
         self.app = app
+        self.multipart_paths = multipart_paths
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
-        if (
-            scope["type"] == "http"
-            and scope["method"] == "POST"
-            and scope["path"] not in MULTIPART_PATHS
-        ):
-            content_type = dict(scope.get("headers", [])).get(b"content-type", b"")
+        if scope["type"] != "http" or scope["method"] != "POST":
+            await self.app(scope, receive, send)
+            return
+        content_type = dict(scope.get("headers", [])).get(b"content-type", b"")
+        if scope["path"] not in self.multipart_paths:
             if not _is_json(content_type):
-                await self._refuse(send, content_type)
+                await _refuse(send, 415, "unsupported content type: send a JSON body",
+                              f"content-type: expected application/json, got {_shown(content_type)}")  # fmt: skip
                 return
-        await self.app(scope, receive, send)
+            await self.app(scope, receive, send)
+            return
+        if not _is_multipart(content_type):
+            await _refuse(send, 415, "unsupported content type: send a multipart/form-data body",
+                          f"content-type: expected multipart/form-data, got {_shown(content_type)}")  # fmt: skip
+            return
+        body = await Request(scope, receive).body()
+        replay = _replay(body)
+        try:
+            form = await Request(scope, _replay(body)).form()
+            await form.close()
+        # Starlette turns its parser's MultiPartException into an HTTPException when the scope
+        # holds an app (it does, in a server); the bare form is what it raises elsewhere. Left
+        # uncaught, the HTTPException hung the request until the traffic timeout (30 s), then 500.
+        except (HTTPException, MultiPartException, ValueError, UnicodeDecodeError) as exc:
+            detail = getattr(exc, "detail", None) or getattr(exc, "message", None) or str(exc)
+            await _refuse(send, 400, "malformed multipart body", str(detail)[:200])
+            return
+        await self.app(scope, replay, send)
 
-    @staticmethod
-    async def _refuse(send: Any, content_type: bytes) -> None:
-        given = content_type.decode("latin-1")[:60] or "none"
-        body = json.dumps(
-            {
-                "error": "unsupported content type: send a JSON body",
-                "detail": f"content-type: expected application/json, got {given}",
-            }
-        ).encode()
-        headers = [
-            (b"content-type", b"application/json"),
-            (b"content-length", str(len(body)).encode()),
-        ]
-        await send({"type": "http.response.start", "status": 415, "headers": headers})
-        await send({"type": "http.response.body", "body": body})
+
+def _replay(body: bytes) -> Any:
+    """An ASGI receive that hands over ``body`` once, as one message."""
+    sent = False
+
+    async def receive() -> dict[str, Any]:
+        nonlocal sent
+        if sent:
+            return {"type": "http.disconnect"}
+        sent = True
+        return {"type": "http.request", "body": body, "more_body": False}
+
+    return receive
+
+
+def _shown(content_type: bytes) -> str:
+    return content_type.decode("latin-1")[:60] or "none"
+
+
+async def _refuse(send: Any, status: int, error: str, detail: str) -> None:
+    body = json.dumps({"error": error, "detail": detail}).encode()
+    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": body})

@@ -20,7 +20,7 @@ import secrets
 import sys
 from pathlib import Path
 
-from runners.errors import ApiError
+from serving.errors import ApiError
 
 OPERATOR = "*"
 
@@ -89,7 +89,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
     if args.tenant != OPERATOR:
-        from runners.tenants.store import check_name
+        from serving.tenant_names import check_name
 
         try:
             check_name(args.tenant)

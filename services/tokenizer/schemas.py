@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import json
 from typing import Annotated, Any, Literal
 
 from pydantic import (
     BaseModel,
+    BeforeValidator,
     ConfigDict,
     Field,
     FiniteFloat,
@@ -14,18 +16,23 @@ from pydantic import (
     model_serializer,
 )
 
-from services.tokenizer.settings import Backend, TokenizerSettings
-
-SETTINGS = TokenizerSettings()
+from services.tokenizer.settings import SETTINGS, Backend
 
 # A text to embed must say something: empty or blank strings are refused, not embedded as [CLS][SEP].
-Text = Annotated[str, StringConstraints(min_length=1, max_length=SETTINGS.max_chars, pattern=r"\S")]
+# "Something" is a character that is white space in no regex dialect: `\S` differs between the
+# validator (Rust's regex) and clients reading the OpenAPI schema (ECMA-262), e.g. on U+0085.
+VISIBLE = r"[^\t\n\v\f\r \x1c-\x1f\x85\xa0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000\ufeff]"
+Text = Annotated[
+    str, StringConstraints(min_length=1, max_length=SETTINGS.max_chars, pattern=VISIBLE)
+]
 # Tokenizing an empty string is meaningful (it gives the special tokens), so only length is limited.
 AnyText = Annotated[str, StringConstraints(max_length=SETTINGS.max_chars)]
 
 
 class Request(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    # Unknown fields are refused, and so are values of the wrong JSON type (strict: `false` is not
+    # a threshold, "3" not a number): what the OpenAPI schema says is exactly what is accepted.
+    model_config = ConfigDict(extra="forbid", strict=True)
 
 
 class EmbedRequest(Request):
@@ -49,8 +56,12 @@ class SimilarityRequest(Request):
     pairs: list[tuple[Text, Text]] = Field(
         min_length=1, max_length=SETTINGS.max_pairs, description="Text pairs."
     )
-    threshold: Annotated[FiniteFloat, Field(ge=-1, le=1)] | None = Field(
-        None, description="When given, labels[i] = 1 if scores[i] >= threshold else 0."
+    # Optional, but not nullable: BentoML's OpenAPI drops the `| None` of optional fields, so the
+    # documented schema is a number; an explicit null is refused like any other non-number.
+    threshold: Annotated[FiniteFloat, Field(ge=-1, le=1)] = Field(
+        None,
+        description="When given, labels[i] = 1 if scores[i] >= threshold else 0.",
+        validate_default=False,
     )
     backend: Backend = Field(SETTINGS.default_backend, description="onnx (fp32), onnx-int8, or tf.")
 
@@ -89,6 +100,15 @@ TenantName = Annotated[
 Intent = Annotated[str, StringConstraints(min_length=1, max_length=100)]
 
 
+def _form_text(value: Any) -> Any:
+    # BentoML parses every multipart form field as JSON when it can, so `-F tenant=123` arrives as
+    # the number 123 (and `true` as a bool): a form field is text, so turn it back into its text.
+    return value if isinstance(value, str) else json.dumps(value)
+
+
+FormText = Annotated[str, BeforeValidator(_form_text)]
+
+
 class ClassifyRequest(Request):
     tenant: TenantName
     texts: list[Text] = Field(min_length=1, max_length=SETTINGS.max_texts)
@@ -110,7 +130,7 @@ class TenantRequest(Request):
 
 
 class InferenceRequest(Request):
-    """Seed 003's contract, kept as it was."""
+    """One text to embed (the single-text contract: input_text in, outputs out)."""
 
     input_text: Text
 

@@ -11,20 +11,18 @@ from pathlib import Path
 from typing import Any
 
 import bentoml
-import numpy as np
 
-from runners.errors import replies_on_error
-from runners.protocol import Classified, Registered, timing_headers
-from runners.tenants.store import check_name
+from services.tokenizer.clients import OnnxRunnerClient, TenantRunnerClient, TFRunnerClient
+from services.tokenizer.coalesce import Coalescer, Embedded, EmbeddingClient
 from services.tokenizer.error_bodies import ConformingErrors
-from services.tokenizer.json_only import JsonOnly
+from services.tokenizer.json_only import UPLOAD_PATH, JsonOnly
 from services.tokenizer.keys import TenantKeys
-from services.tokenizer.runner_client import Embedded, Runners
+from services.tokenizer.openapi import OpenApiDocs
 from services.tokenizer.schemas import (
-    SETTINGS,
     ClassifyRequest,
     EmbedRequest,
     EmbedResponse,
+    FormText,
     InferenceRequest,
     InferenceResponse,
     SimilarityRequest,
@@ -34,19 +32,49 @@ from services.tokenizer.schemas import (
     TokenizeResponse,
     TrainRequest,
 )
-from services.tokenizer.settings import Backend
+from services.tokenizer.settings import SETTINGS, Backend, TokenizerSettings
+from serving.batching import Admission, TokenQueue
+from serving.batching.metrics import Recorder
+from serving.errors import replies_on_error
+from serving.features import cosine
+from serving.protocol import Classified, Deleted, Registered, TenantInfo, timing_headers
+from serving.tenant_names import check_name
 
 
 def _runner(url: str | None, service_path: str) -> Any:
     """A runner in the same `bentoml serve` graph, or one reached by URL (one container each).
 
-    With a URL the runner's class is not even imported, so a tokenizer-only bento carries
-    neither the runner's code path nor its models.
+    The runner's class is named, not imported: BentoML needs it to compose the development graph,
+    but the public service shares no code with a runner (only ``serving/``). With a URL the class
+    is never loaded, so the tokenizer's own bento carries neither runner code nor models.
     """
     if url:
         return bentoml.depends(url=url)
     module, name = service_path.split(":")
     return bentoml.depends(getattr(__import__(module, fromlist=[name]), name))
+
+
+def coalescers(onnx: Any, tf: Any, settings: TokenizerSettings) -> dict[Backend, Coalescer]:
+    """One coalescing queue per backend, each in front of its runner client."""
+
+    def coalescer(backend: Backend, client: EmbeddingClient) -> Coalescer:
+        admission = Admission(
+            settings.max_queue_tokens,
+            settings.deadline_s,
+            on_shed=Recorder("tokenizer", backend).shed,
+        )
+        return Coalescer(
+            client,
+            TokenQueue(admission),
+            max_inflight=settings.runner_inflight,
+            max_tokens=settings.runner_call_tokens,
+        )
+
+    return {
+        "onnx": coalescer("onnx", OnnxRunnerClient(onnx, "fp32")),
+        "onnx-int8": coalescer("onnx-int8", OnnxRunnerClient(onnx, "int8")),
+        "tf": coalescer("tf", TFRunnerClient(tf)),
+    }
 
 
 @bentoml.service(
@@ -68,7 +96,8 @@ class Tokenizer:
         self.text = Tokenizers(
             self.wordpiece.path_of("tokenizer.json"), self.sentencepiece.path_of("spiece.model")
         )
-        self.runners = Runners(self.onnx_runner, self.tf_runner, self.tenant_runner, SETTINGS)
+        self.backends = coalescers(self.onnx_runner, self.tf_runner, SETTINGS)
+        self.tenants = TenantRunnerClient(self.tenant_runner)
         self.keys = TenantKeys(SETTINGS.tenant_keys_file)
 
     def _tenant(self, name: str, ctx: bentoml.Context) -> str:
@@ -83,7 +112,7 @@ class Tokenizer:
         started = time.perf_counter()
         ids = await self.text.run(self.text.minilm, texts)
         tokenized = time.perf_counter()
-        embedded = await self.runners.embed(backend, ids)
+        embedded = await self.backends[backend].embed(ids)
         ctx.response.headers.update(
             {
                 "X-Tokenization-Time": f"{(tokenized - started) * 1000:.2f}",
@@ -113,10 +142,10 @@ class Tokenizer:
         texts = list(dict.fromkeys(t for pair in request.pairs for t in pair))
         embedded, _ = await self._embed(texts, request.backend, ctx)
         index = {t: i for i, t in enumerate(texts)}
-        a = embedded.vectors[[index[p[0]] for p in request.pairs]]
-        b = embedded.vectors[[index[p[1]] for p in request.pairs]]
-        scores = np.sum(a * b, axis=1) / (np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1))
-        scores = np.clip(scores, -1.0, 1.0)  # float rounding gives 1.0000001 for identical texts
+        scores = cosine(
+            embedded.vectors[[index[p[0]] for p in request.pairs]],
+            embedded.vectors[[index[p[1]] for p in request.pairs]],
+        )
         labels = (
             None if request.threshold is None else [int(s >= request.threshold) for s in scores]
         )
@@ -133,20 +162,21 @@ class Tokenizer:
     async def inference(
         self, request: InferenceRequest, /, ctx: bentoml.Context
     ) -> InferenceResponse:
-        """Seed 003's contract: {"input_text": str} -> {"outputs": [float]} (the sentence embedding)."""
+        """One text in, its sentence embedding out: {"input_text": str} -> {"outputs": [float]}."""
         embedded, _ = await self._embed([request.input_text], SETTINGS.default_backend, ctx)
         return InferenceResponse(outputs=embedded.vectors[0].tolist())
 
     @bentoml.api
     @replies_on_error
     async def classify(self, request: ClassifyRequest, /, ctx: bentoml.Context) -> Classified:
-        """Intent of each text with the tenant's own model (seed 000); 404 for an unknown tenant."""
+        """Intent of each text with the tenant's own classifier; 404 for an unknown tenant."""
         self._tenant(request.tenant, ctx)
         started = time.perf_counter()
-        ids = await self.text.run(self.text.sentencepiece, request.texts)
-        result = await self.runners.tenant("classify", tenant=request.tenant, ids=ids)
+        ids = await self.text.run(self.text.tenant_pieces, request.texts)
+        result = await self.tenants.classify(request.tenant, ids)
+        ctx.response.headers["X-Tenant-Cache"] = result.cache
         ctx.response.headers["X-Total-Time"] = f"{(time.perf_counter() - started) * 1000:.2f}"
-        return Classified(**result)
+        return result
 
     if SETTINGS.admin_enabled:
         # The tenant registry. With admin_enabled off these methods are never defined: the routes
@@ -158,44 +188,42 @@ class Tokenizer:
             """Train a tenant's classifier from examples and register it as a new version."""
             self._tenant(request.tenant, ctx)
             texts = [e.text for e in request.examples]
-            ids = await self.text.run(self.text.sentencepiece, texts)
+            ids = await self.text.run(self.text.tenant_pieces, texts)
             intents = [e.intent for e in request.examples]
-            result = await self.runners.tenant(
-                "train", tenant=request.tenant, ids=ids, intents=intents, format=request.format
-            )
-            return Registered(**result)
+            return await self.tenants.train(request.tenant, ids, intents, request.format)
 
-        @bentoml.api(route="/tenants/upload")
+        @bentoml.api(route=UPLOAD_PATH)
         @replies_on_error
-        async def upload_tenant(self, tenant: str, file: Path, ctx: bentoml.Context) -> Registered:
+        async def upload_tenant(
+            self, tenant: FormText, file: Path, ctx: bentoml.Context
+        ) -> Registered:
             """Upload a model archive (.tar.gz of manifest.json + model.onnx or saved_model/)."""
             # Checked before the file is handed on: a refused upload never reaches the store.
             self._tenant(tenant, ctx)
-            return Registered(**await self.runners.tenant("upload", tenant=tenant, file=file))
+            return await self.tenants.upload(tenant, file)
 
         @bentoml.api(route="/tenants/list")
         @replies_on_error
         async def list_tenants(self, ctx: bentoml.Context) -> list[str]:
             """Every registered tenant (the operator key, when keys are on)."""
             self.keys.require(None, ctx.request.headers.get("authorization"))  # operator only
-            return await self.runners.tenant("list_tenants")
+            return await self.tenants.list_tenants()
 
         @bentoml.api(route="/tenants/show")
         @replies_on_error
-        async def show_tenant(
-            self, request: TenantRequest, /, ctx: bentoml.Context
-        ) -> dict[str, Any]:
+        async def show_tenant(self, request: TenantRequest, /, ctx: bentoml.Context) -> TenantInfo:
             """A tenant's current version, labels, metrics and size."""
-            return await self.runners.tenant("show", tenant=self._tenant(request.tenant, ctx))
+            return await self.tenants.show(self._tenant(request.tenant, ctx))
 
         @bentoml.api(route="/tenants/delete")
         @replies_on_error
-        async def delete_tenant(
-            self, request: TenantRequest, /, ctx: bentoml.Context
-        ) -> dict[str, Any]:
+        async def delete_tenant(self, request: TenantRequest, /, ctx: bentoml.Context) -> Deleted:
             """Remove a tenant."""
-            return await self.runners.tenant("delete", tenant=self._tenant(request.tenant, ctx))
+            return await self.tenants.delete(self._tenant(request.tenant, ctx))
 
 
 Tokenizer.add_asgi_middleware(ConformingErrors)
-Tokenizer.add_asgi_middleware(JsonOnly)
+Tokenizer.add_asgi_middleware(
+    JsonOnly, multipart_paths=frozenset({UPLOAD_PATH} if SETTINGS.admin_enabled else ())
+)
+Tokenizer.add_asgi_middleware(OpenApiDocs)

@@ -4,15 +4,19 @@ from pathlib import Path
 from typing import Literal
 
 from pydantic import Field
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic_settings import SettingsConfigDict
 
-from models import contracts
+from serving import contracts
+from serving.settings import QueueSettings
 
 Backend = Literal["onnx", "onnx-int8", "tf"]
 
 
-class TokenizerSettings(BaseSettings):
-    """The public tokenizer service. Environment overrides: BUNDLE_TOKENIZER_<FIELD>."""
+class TokenizerSettings(QueueSettings):
+    """The public tokenizer service. Environment overrides: BUNDLE_TOKENIZER_<FIELD>.
+
+    ``max_queue_tokens`` and ``deadline_s`` bound each backend's coalescing queue: time spent here
+    counts against the same deadline in the runner."""
 
     model_config = SettingsConfigDict(env_prefix="BUNDLE_TOKENIZER_")
 
@@ -27,20 +31,15 @@ class TokenizerSettings(BaseSettings):
         ge=1,
         description="Characters per text. Longer inputs get 400; tokens beyond the model's limit are truncated.",
     )
-    max_waiting_tokens: int = Field(
-        131072,
-        ge=1,
-        description="Tokens that may wait for a runner call per backend; beyond this, 429.",
-    )
-    deadline_s: float = Field(
-        10.0,
-        gt=0,
-        description="Time a request may wait here and in the runner; one that cannot make it gets 503.",
-    )
     runner_inflight: int = Field(
         2,
         ge=1,
         description="Calls in flight per backend; requests arriving meanwhile are merged into the next call.",
+    )
+    runner_call_tokens: int = Field(
+        8192,
+        ge=1,
+        description="Real tokens merged into one runner call (a larger lone request still goes, alone).",
     )
     default_backend: Backend = Field(
         "onnx", description="Backend for /similarity and /inference when none is given."
@@ -78,3 +77,6 @@ class TokenizerSettings(BaseSettings):
         description="Serve the tenant registry (/tenants/train, upload, list, show, delete) on this public "
         "service. Set false in production to keep them off the public port: the endpoints then do not exist.",
     )
+
+
+SETTINGS = TokenizerSettings()

@@ -6,8 +6,8 @@ import asyncio
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from models.contracts import MAX_SEQ_LEN
-from models.features import load_tokenizer, tokenize
+from serving.contracts import MAX_SEQ_LEN
+from serving.features import load_tokenizer, tokenize
 
 # Below this many characters a request is tokenized on the event loop: a thread hop would cost more
 # than the work. Above it (long texts, big batches), in a thread, so other requests keep flowing.
@@ -29,6 +29,13 @@ class Tokenizers:
     def sentencepiece(self, texts: Sequence[str]) -> list[list[int]]:
         # sentencepiece itself, not the transformers tokenizer stored beside it: the reference.
         return self.spm.encode(list(texts))
+
+    def tenant_pieces(self, texts: Sequence[str]) -> list[list[int]]:
+        """SentencePiece ids as tenant models take them: a text of nothing the model has pieces for
+        (control characters only, say) encodes to no ids at all; it becomes the unknown piece, so
+        the model still answers for it instead of the request failing."""
+        unknown = [self.spm.unk_id()]
+        return [ids or unknown for ids in self.sentencepiece(texts)]
 
     async def run(
         self, encode: Callable[[Sequence[str]], list[list[int]]], texts: Sequence[str]

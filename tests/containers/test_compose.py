@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 from loadtests.processes import ROOT, free_port
-from runners.tenants import demo
+from models import demo_tenants as demo
 from tests.e2e.test_locust_smoke import run_locust
 
 COMPOSE_FILE = ROOT / "deploy" / "compose" / "docker-compose.yml"

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import random
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
@@ -12,6 +14,12 @@ import pytest
 from loadtests.processes import ROOT, bentoml_serve
 
 LOGS = ROOT / "build" / "test-logs"
+# The fuzzing tests' seed: fresh each run, shown in the report header; FUZZ_SEED=N replays a run.
+FUZZ_SEED = int(os.environ.get("FUZZ_SEED") or random.SystemRandom().randrange(2**32))
+
+
+def pytest_report_header() -> str:
+    return f"fuzz seed: {FUZZ_SEED} (FUZZ_SEED={FUZZ_SEED} replays it)"
 
 
 @pytest.fixture(scope="session")

@@ -33,7 +33,7 @@ def results(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict, Path]:
 
 def test_every_system_is_measured_with_non_zero_figures(results) -> None:
     data, _ = results
-    from loadtests.bench import INT8, SYSTEMS, WORKLOADS
+    from loadtests.points import INT8, SYSTEMS, WORKLOADS
 
     users_run, middle = data["meta"]["users"], data["meta"]["middle_users"]
     assert data["raw"]["fp32"]["sentences_per_s"] > 0 and data["raw"]["int8"]["sentences_per_s"] > 0
@@ -54,7 +54,7 @@ def test_every_system_is_measured_with_non_zero_figures(results) -> None:
 
 def test_ratios_are_the_quotients_of_the_throughputs_they_name(results) -> None:
     data, _ = results
-    from loadtests.bench import FASTAPI, INT8, NAIVE, NOBATCH, STACK
+    from loadtests.points import FASTAPI, INT8, NAIVE, NOBATCH, STACK
 
     sps = {(p["system"], p["workload"], p["users"]): p["sentences_per_s"] for p in data["points"]}
     raw = data["raw"]["fp32"]["sentences_per_s"]

@@ -10,8 +10,9 @@ import numpy as np
 import pytest
 import sentencepiece
 
-from models import contracts, corpus, store
-from models.features import load_tokenizer, pad, tokenize
+from models import corpus, store
+from serving import contracts
+from serving.features import cosine, load_tokenizer, pad, tokenize
 
 KNOWN = ("A man is eating food.", "A man is eating a piece of bread.")
 MIXED = [
@@ -24,8 +25,8 @@ MIXED = [
 
 @pytest.fixture(scope="module")
 def engines():
-    from runners.onnx.engine import OnnxEngine
-    from runners.tf.engine import TFEngine
+    from serving.engines.onnx import OnnxEngine
+    from serving.engines.tf import TFEngine
 
     onnx = lambda name: OnnxEngine(  # noqa: E731
         store.path_of(name) / "model.onnx",
@@ -45,8 +46,8 @@ def in_process(engine, ids: list[list[int]], grouped: bool) -> np.ndarray:
     """The engine on one sequence at a time (no padding at all), or on the runner's own groups."""
     if not grouped:
         return np.concatenate([engine(pad([seq])) for seq in ids])
-    from runners.batching import plan
     from runners.onnx.settings import OnnxRunnerSettings
+    from serving.batching import plan
 
     policy = OnnxRunnerSettings().policy
     out = np.empty((len(ids), 384), dtype=np.float32)
@@ -89,10 +90,8 @@ def test_served_int8_stays_within_its_accuracy_gate_whatever_its_batch(
     )
     ids = tokenize(load_tokenizer(store.path_of(contracts.TOKENIZER) / "tokenizer.json"), MIXED)
     fp32 = in_process(engines["onnx"], ids, grouped=False)
-    cosine = np.sum(served * fp32, axis=1) / (
-        np.linalg.norm(served, axis=1) * np.linalg.norm(fp32, axis=1)
-    )
-    assert cosine.mean() >= 0.99 and cosine.min() >= 0.95, cosine
+    scores = cosine(served, fp32)
+    assert scores.mean() >= 0.99 and scores.min() >= 0.95, scores
 
 
 @pytest.mark.parametrize("backend", ["onnx", "tf"])
@@ -156,6 +155,10 @@ BAD = [
     ("/tokenize", {"texts": ["a"], "tokenizer": "bpe"}, "tokenizer"),
     ("/inference", {"input_text": ""}, "input_text"),
     ("/inference", {"text": "hello"}, "input_text"),
+    # JSON types are strict: what the OpenAPI schema says is exactly what is accepted
+    ("/similarity", {"pairs": [["a", "b"]], "threshold": False}, "threshold"),
+    ("/similarity", {"pairs": [["a", "b"]], "threshold": None}, "threshold"),
+    ("/similarity", {"pairs": [["a", "b"]], "threshold": "0.5"}, "threshold"),
 ]
 
 
@@ -195,6 +198,29 @@ def test_malformed_bodies_get_a_4xx_with_a_message_and_the_server_keeps_serving(
     assert len(resp.content) < 10_000, what  # the message does not echo a huge input back
     after = client.post("/embed", json={"texts": ["still serving"]})
     assert after.status_code == 200 and len(after.json()["embeddings"][0]) == 384
+
+
+@pytest.mark.parametrize(
+    "body", [b"--B\r\nNone--B--\r\n", b"--B\r\n9\xf1\xa7--B--\r\n", b"not multipart at all"]
+)
+def test_a_malformed_upload_is_a_fast_400(client: httpx.Client, body: bytes) -> None:
+    """Found by fuzzing: these made the form parser raise inside the app, and the request hung
+    until the 30 s traffic timeout, then 500."""
+    resp = client.post(
+        "/tenants/upload",
+        content=body,
+        headers={"content-type": "multipart/form-data; boundary=B"},
+        timeout=10,
+    )
+    assert resp.status_code == 400 and resp.json()["error"] == "malformed multipart body"
+
+
+def test_a_text_with_no_sentencepiece_pieces_is_still_classified(client: httpx.Client) -> None:
+    """Found by fuzzing: control characters alone encode to no ids, which the runner refused."""
+    examples = [{"text": t, "intent": i} for t, i in [("hi", "a"), ("hello", "a"), ("bye", "b"), ("ciao", "b")]]  # fmt: skip
+    assert client.post("/tenants/train", json={"tenant": "blank-text", "examples": examples}).status_code == 200  # fmt: skip
+    resp = client.post("/classify", json={"tenant": "blank-text", "texts": ["\u0007", "hi"]})
+    assert resp.status_code == 200 and len(resp.json()["intents"]) == 2, resp.text
 
 
 def test_malformed_json_is_a_400(client: httpx.Client) -> None:

@@ -11,7 +11,7 @@ import httpx
 import pytest
 
 from loadtests.processes import ROOT
-from runners.tenants import demo
+from models import demo_tenants as demo
 
 LOCUST = Path(sys.executable).parent / "locust"
 

@@ -2,24 +2,27 @@
 
 A real graph with `BUNDLE_TOKENIZER_TENANT_KEYS_FILE` set: tenant A's key cannot classify with,
 upload to, show or delete tenant B; no key is 401; keys never reach the logs; a revoked key stops
-working without a restart; after the server is stopped and started again on the same store, every
-tenant answers with the version it had.
+working without a restart; a graph SIGKILLed mid-upload and mid-training comes back on the same
+store with every tenant on one complete version.
 """
 
 from __future__ import annotations
 
-import os
-import signal
 import subprocess
 import sys
+import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
+import psutil
 import pytest
 
 from loadtests.processes import ROOT, bentoml_serve
-from runners.tenants import demo
+from models import demo_tenants as demo
+from runners.tenants.loader import load
+from runners.tenants.store import TenantStore
 from tests.e2e.conftest import log_path
 
 TENANTS = {"alpha": 3, "bravo": 4}
@@ -153,30 +156,126 @@ def test_keys_are_never_logged(hardened: dict) -> None:
     assert all(key not in log for key in hardened["keys"].values())
 
 
-def test_the_store_survives_a_crash_and_restart_with_every_version(hardened: dict) -> None:
-    client, keys = hardened["client"], hardened["keys"]
+class Loop(threading.Thread):
+    """One kind of request sent over and over until stopped; ``busy`` while one is unanswered."""
+
+    def __init__(self, url: str, send) -> None:
+        super().__init__(daemon=True)
+        self.url, self.send = url, send
+        self.stop = threading.Event()
+        self.busy = threading.Event()
+        self.answered: list[httpx.Response] = []
+
+    def run(self) -> None:
+        with httpx.Client(base_url=self.url, timeout=120) as client:
+            turn = 0
+            while not self.stop.is_set():
+                self.busy.set()
+                try:
+                    self.answered.append(self.send(client, turn))
+                except httpx.HTTPError:
+                    return  # the server is gone
+                finally:
+                    self.busy.clear()
+                turn += 1
+
+
+def test_the_store_survives_a_crash_mid_upload_and_mid_training(
+    hardened: dict, tmp_path: Path
+) -> None:
+    """Uploads to alpha and trainings of bravo run back to back, classify traffic beside them,
+    and the whole graph is SIGKILLed while an upload and a training are both in flight. After a
+    restart on the same store each tenant serves one complete version (the one it had, or one that
+    was being published): it loads, classifies its own phrases, and its files are byte for byte
+    those of one published model, never a mix."""
+    client, keys, server = hardened["client"], hardened["keys"], hardened["server"]
+    store = TenantStore(Path(hardened["env"]["BUNDLE_TENANTS_STORE"]))
     operator = bearer(keys["*"])
-    before = {
-        name: client.post("/tenants/show", json={"tenant": name}, headers=operator).json()
-        for name in TENANTS
-    }
-    # A crash, not a shutdown: SIGKILL to the server's whole process group, workers included.
-    server = hardened["server"]
-    os.killpg(server.proc.pid, signal.SIGKILL)
-    server.proc.wait(30)
+    # Two trained models to upload to alpha in turn: what may become alpha's version.
+    archives = {}
+    for donor, index in (("donor-a", 6), ("donor-b", 7)):
+        trained = client.post(
+            "/tenants/train", json={"tenant": donor, "examples": examples(index)}, headers=operator
+        )
+        assert trained.status_code == 200, trained.text
+        archives[donor] = store.archive(donor, tmp_path / f"{donor}.tar.gz")
+    # What each tenant may end up serving: demo index -> the model's bytes (None: any training).
+    candidates = {
+        "alpha": {3: model_bytes(store, "alpha"), 6: model_bytes(store, "donor-a"), 7: model_bytes(store, "donor-b")},
+        "bravo": {4: None, 8: None},
+    }  # fmt: skip
+
+    def upload(c: httpx.Client, turn: int) -> httpx.Response:
+        donor = ("donor-a", "donor-b")[turn % 2]
+        with archives[donor].open("rb") as fh:
+            return c.post(
+                "/tenants/upload",
+                data={"tenant": "alpha"},
+                files={"file": (f"{donor}.tar.gz", fh, "application/gzip")},
+                headers=operator,
+            )
+
+    def train(c: httpx.Client, turn: int) -> httpx.Response:
+        body = {"tenant": "bravo", "examples": examples((8, 4)[turn % 2])}
+        return c.post("/tenants/train", json=body, headers=operator)
+
+    def classify(c: httpx.Client, turn: int) -> httpx.Response:
+        name = ("alpha", "bravo")[turn % 2]
+        body = {"tenant": name, "texts": ["where is my order"]}
+        return c.post("/classify", json=body, headers=bearer(keys[name]))
+
+    loops = [Loop(server.url, send) for send in (upload, train, classify)]
+    for loop in loops:
+        loop.start()
+    uploads, trainings, classifies = loops
+    deadline = time.monotonic() + 120
+    # Wait for a published upload and training, then for a moment both have one in flight.
+    while not (
+        uploads.answered
+        and trainings.answered
+        and uploads.busy.is_set()
+        and trainings.busy.is_set()
+    ):
+        assert time.monotonic() < deadline, "no moment with an upload and a training in flight"
+        time.sleep(0.005)
+    killed = server.kill()
+    for loop in loops:
+        loop.stop.set()
+    for loop in loops:
+        loop.join(30)
+    assert len(killed) >= 5, killed  # the arbiter and the four services' workers, by PID
+    assert not any(psutil.pid_exists(pid) for pid in killed)
+    assert all(r.status_code == 200 for loop in loops for r in loop.answered), [
+        r.text for loop in loops for r in loop.answered if r.status_code != 200
+    ]
+    assert classifies.answered, "classify traffic was running"
+
     restarted = bentoml_serve(".", log_path("hardened-restart.log"), env=hardened["env"])
     with restarted as again, httpx.Client(base_url=again.url, timeout=60) as second:
-        listed = second.post("/tenants/list", json={}, headers=operator).json()
-        assert set(listed) >= set(TENANTS)
-        for name, index in TENANTS.items():
-            shown = second.post("/tenants/show", json={"tenant": name}, headers=operator)
-            assert shown.json()["version"] == before[name]["version"]
-            text, intent = demo.tenant(index).train[0]
+        for name, allowed in candidates.items():
+            version, path = store.current(name)
+            model = load(name, version, path)  # loads: complete and valid
+            served_by = [i for i in allowed if set(model.labels) == labels_of(i)]
+            assert len(served_by) == 1, (name, model.labels)  # one published model's labels …
+            index = served_by[0]
+            if allowed[index] is not None:  # … with that model's own bytes: never a mix
+                assert (path / "model.onnx").read_bytes() == allowed[index], name
+            shown = second.post("/tenants/show", json={"tenant": name}, headers=operator).json()
+            assert shown["version"] == version
+            phrases = demo.tenant(index).train[:5]
             reply = second.post(
                 "/classify",
-                json={"tenant": name, "texts": [text]},
+                json={"tenant": name, "texts": [t for t, _ in phrases]},
                 headers=bearer(keys[name]),
             )
             assert reply.status_code == 200, reply.text
-            assert reply.json()["intents"] == [intent]
-            assert reply.json()["version"] == before[name]["version"]
+            assert reply.json()["version"] == version
+            assert reply.json()["intents"] == [i for _, i in phrases], name
+
+
+def model_bytes(store: TenantStore, name: str) -> bytes:
+    return (store.current(name)[1] / "model.onnx").read_bytes()
+
+
+def labels_of(index: int) -> set[str]:
+    return {intent for _, intent in demo.tenant(index).train}

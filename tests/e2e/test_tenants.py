@@ -8,9 +8,11 @@ import httpx
 import pytest
 import sentencepiece
 
-from models import contracts, store
-from runners.tenants import demo, registry
+from models import demo_tenants as demo
+from models import store
+from runners.tenants import registry
 from runners.tenants.store import TenantStore
+from serving import contracts
 
 
 def examples(index: int) -> list[dict[str, str]]:
@@ -43,6 +45,18 @@ def test_train_over_http_then_classify(
     shown = client.post("/tenants/show", json={"tenant": tenant}).json()
     assert shown["version"] == version and shown["format"] == fmt and shown["source"] == "train"
     assert tenant in client.post("/tenants/list", json={}).json()
+
+
+def test_the_public_classify_says_whether_the_model_was_loaded_for_it(client: httpx.Client) -> None:
+    trained = client.post("/tenants/train", json={"tenant": "hooli", "examples": examples(15)})
+    assert trained.status_code == 200, trained.text
+    seen = []
+    for _ in range(2):
+        resp = client.post("/classify", json={"tenant": "hooli", "texts": ["hello"]})
+        assert resp.status_code == 200, resp.text
+        seen.append((resp.headers["X-Tenant-Cache"], resp.json()["cache"]))
+    # The first request after training loads the new version; the next finds it in memory.
+    assert seen == [("miss", "miss"), ("hit", "hit")]
 
 
 def test_upload_a_new_version_and_classify_with_it(client: httpx.Client, tmp_path: Path) -> None:

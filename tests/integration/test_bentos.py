@@ -64,3 +64,33 @@ def test_the_build_script_refuses_an_unknown_bento(capsys: pytest.CaptureFixture
     with pytest.raises(SystemExit) as info:
         deploy_bentos.main(["build", "--only", "tokenizer,nope"])
     assert info.value.code == 2 and "nope" in capsys.readouterr().err
+
+
+def sources(bento: Path) -> set[str]:
+    src = bento / "src"
+    return {p.relative_to(src).as_posix() for p in src.rglob("*.py")}
+
+
+@pytest.mark.parametrize(
+    ("name", "own"),
+    [
+        ("tokenizer", ("services/",)),
+        ("onnx-runner", ("runners/onnx/",)),
+        ("tf-runner", ("runners/tf/",)),
+        ("tenant-runner", ("runners/tenants/",)),
+    ],
+)
+def test_each_bento_carries_its_own_folder_and_the_shared_core_only(
+    built: dict[str, Path], name: str, own: tuple[str, ...]
+) -> None:
+    files = sources(built[name])
+    assert "serving/batching/queue.py" in files and "serving/protocol.py" in files
+    assert any(f.startswith(own) for f in files), (name, sorted(files))
+    # What the runners share among themselves (runners/*.py) is a runner's own; nothing else is.
+    runner_common = {f for f in files if f.startswith("runners/") and f.count("/") == 1}
+    foreign = {f for f in files if not f.startswith(("serving/", *own)) and f not in runner_common}
+    if name == "tokenizer":
+        foreign |= runner_common  # the public service carries no runner code at all
+    assert not foreign, (
+        f"{name} carries code of other services or of the build pipeline: {sorted(foreign)}"
+    )

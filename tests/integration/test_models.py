@@ -13,8 +13,9 @@ import numpy as np
 import pytest
 
 from loadtests.processes import ROOT
-from models import contracts, corpus, parity, source, store
-from models.features import load_tokenizer, pad, tokenize
+from models import corpus, parity, source, store
+from serving import contracts
+from serving.features import load_tokenizer, pad, tokenize
 
 KNOWN = ("A man is eating food.", "A man is eating a piece of bread.")
 
@@ -26,7 +27,7 @@ def tokenizer():
 
 @pytest.fixture(scope="module")
 def onnx():
-    from runners.onnx.engine import OnnxEngine
+    from serving.engines.onnx import OnnxEngine
 
     return OnnxEngine(
         store.path_of(contracts.ONNX_FP32) / "model.onnx",
@@ -38,7 +39,7 @@ def onnx():
 
 @pytest.fixture(scope="module")
 def tf():
-    from runners.tf.engine import TFEngine
+    from serving.engines.tf import TFEngine
 
     return TFEngine(
         store.path_of(contracts.TF_SAVEDMODEL) / "saved_model",

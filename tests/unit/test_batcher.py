@@ -10,8 +10,10 @@ import time
 import numpy as np
 import pytest
 
-from models.features import Feeds
-from runners.batching import Batcher, DeadlineExceeded, Policy, QueueFull
+from runners.settings import RunnerSettings
+from serving.batching import Batcher
+from serving.errors import DeadlineExceeded, QueueFull
+from serving.features import Feeds
 
 
 class FakeEngine:
@@ -39,6 +41,11 @@ def expected(seq: list[int]) -> list[int]:
 
 def run(coro):
     return asyncio.run(coro)
+
+
+def Policy(**overrides):
+    """The runners' default policy (their settings hold the defaults), with some limits changed."""
+    return RunnerSettings(**overrides).policy
 
 
 def test_order_preserved_across_sub_batches_and_requests() -> None:
@@ -208,7 +215,9 @@ def test_empty_input_is_refused(bad) -> None:
 
 
 def test_policy_validates_limits() -> None:
+    from dataclasses import replace
+
     with pytest.raises(ValueError, match="max_batch_tokens"):
-        Policy(max_batch_tokens=0)
+        replace(Policy(), max_batch_tokens=0)
     with pytest.raises(ValueError, match="deadline_s"):
-        Policy(deadline_s=0)
+        replace(Policy(), deadline_s=0)

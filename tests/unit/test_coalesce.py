@@ -1,4 +1,6 @@
-"""The tokenizer service's coalescer: merged calls, rows split back in order, errors shared."""
+"""The tokenizer service's coalescer: merged calls, rows split back in order, errors shared.
+
+It runs on the runners' own token queue (serving/batching/queue.py), handed a client object."""
 
 from __future__ import annotations
 
@@ -7,9 +9,9 @@ import asyncio
 import numpy as np
 import pytest
 
-from runners.batching import DeadlineExceeded, QueueFull
-from runners.batching.admission import Admission
 from services.tokenizer.coalesce import Coalescer, Embedded
+from serving.batching import Admission, TokenQueue
+from serving.errors import DeadlineExceeded, QueueFull
 
 
 class FakeRunner:
@@ -19,7 +21,7 @@ class FakeRunner:
         self.delay_s = delay_s
         self.fail = fail
 
-    async def __call__(self, ids: list[list[int]], deadline_s: float) -> Embedded:
+    async def embed(self, ids: list[list[int]], deadline_s: float) -> Embedded:
         self.calls.append(len(ids))
         self.budgets.append(deadline_s)
         await asyncio.sleep(self.delay_s)
@@ -28,11 +30,22 @@ class FakeRunner:
         return Embedded(np.array([[seq[0], len(seq)] for seq in ids], dtype=np.float32), 1.0, 2.0)
 
 
+def coalescer_for(
+    runner: FakeRunner,
+    *,
+    max_inflight: int,
+    max_tokens: int = 8192,
+    admission: Admission | None = None,
+) -> Coalescer:
+    queue = TokenQueue(admission or Admission(max_queue_tokens=131072, deadline_s=10.0))
+    return Coalescer(runner, queue, max_inflight=max_inflight, max_tokens=max_tokens)
+
+
 def test_concurrent_requests_are_merged_and_rows_return_in_order() -> None:
     runner = FakeRunner()
 
     async def main():
-        coalescer = Coalescer(runner, max_inflight=1)
+        coalescer = coalescer_for(runner, max_inflight=1)
         requests = [[[i * 10 + k] * (k + 1) for k in range(i % 3 + 1)] for i in range(30)]
         results = await asyncio.gather(*(coalescer.embed(r) for r in requests))
         return requests, results
@@ -49,7 +62,7 @@ def test_calls_in_flight_are_capped() -> None:
     runner = FakeRunner()
 
     async def main():
-        coalescer = Coalescer(runner, max_inflight=2)
+        coalescer = coalescer_for(runner, max_inflight=2)
         await asyncio.gather(*(coalescer.embed([[i]]) for i in range(50)))
 
     asyncio.run(main())
@@ -61,7 +74,7 @@ def test_token_cap_splits_calls_but_a_large_request_still_goes_alone() -> None:
     runner = FakeRunner()
 
     async def main():
-        coalescer = Coalescer(runner, max_inflight=1, max_tokens=100)
+        coalescer = coalescer_for(runner, max_inflight=1, max_tokens=100)
         big = coalescer.embed([[1] * 80, [2] * 80])  # 160 tokens: over the cap on its own
         small = [coalescer.embed([[3] * 40]) for _ in range(5)]
         return await asyncio.gather(big, *small)
@@ -75,7 +88,7 @@ def test_an_error_reaches_every_merged_request() -> None:
     runner = FakeRunner(fail=QueueFull(2, "queue full"))
 
     async def main():
-        coalescer = Coalescer(runner, max_inflight=1)
+        coalescer = coalescer_for(runner, max_inflight=1)
         return await asyncio.gather(
             *(coalescer.embed([[i]]) for i in range(5)), return_exceptions=True
         )
@@ -88,7 +101,7 @@ def test_a_cancelled_request_is_not_sent() -> None:
     runner = FakeRunner(delay_s=0.05)
 
     async def main():
-        coalescer = Coalescer(runner, max_inflight=1)
+        coalescer = coalescer_for(runner, max_inflight=1)
         first = asyncio.create_task(coalescer.embed([[1]]))
         await asyncio.sleep(0.01)
         gone = asyncio.create_task(coalescer.embed([[2], [2]]))
@@ -109,7 +122,7 @@ def test_waiting_beyond_the_token_limit_is_refused_at_once_with_429() -> None:
     runner = FakeRunner(delay_s=0.2)
 
     async def main():
-        coalescer = Coalescer(
+        coalescer = coalescer_for(
             runner, max_inflight=1, admission=Admission(max_queue_tokens=10, deadline_s=60)
         )
         first = asyncio.create_task(coalescer.embed([[1] * 4]))  # sent at once
@@ -131,7 +144,7 @@ def test_a_request_whose_deadline_passes_while_waiting_gets_503_and_is_not_sent(
 
     async def main():
         admission = Admission(max_queue_tokens=1000, deadline_s=0.1, tokens_per_s=1e9)
-        coalescer = Coalescer(runner, max_inflight=1, admission=admission)
+        coalescer = coalescer_for(runner, max_inflight=1, admission=admission)
         first = asyncio.create_task(coalescer.embed([[1]]))
         await asyncio.sleep(0.01)
         late = await asyncio.gather(coalescer.embed([[7, 7]]), return_exceptions=True)
@@ -149,7 +162,7 @@ def test_the_runner_is_given_what_is_left_of_the_tightest_deadline() -> None:
 
     async def main():
         admission = Admission(max_queue_tokens=1000, deadline_s=5.0, tokens_per_s=1e9)
-        coalescer = Coalescer(runner, max_inflight=1, admission=admission)
+        coalescer = coalescer_for(runner, max_inflight=1, admission=admission)
         first = asyncio.create_task(coalescer.embed([[1]]))
         await asyncio.sleep(0.01)
         # Both wait for the first call; the second has a later deadline than the third would.

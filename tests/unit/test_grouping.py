@@ -2,7 +2,7 @@ import random
 
 import pytest
 
-from runners.batching import efficiency, plan
+from serving.batching import efficiency, plan
 
 
 @pytest.mark.parametrize("seed", range(20))

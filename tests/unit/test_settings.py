@@ -3,11 +3,11 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from models.contracts import SENTENCE_EMBEDDING, ContractError, check_contract
 from runners.onnx.settings import OnnxRunnerSettings
-from runners.settings import available_cores
 from runners.tf.settings import TFRunnerSettings
 from services.tokenizer.settings import TokenizerSettings
+from serving.contracts import SENTENCE_EMBEDDING, ContractError, check_contract
+from serving.settings import available_cores
 
 
 def test_each_service_reads_its_own_env_prefix(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -3,12 +3,17 @@
 from __future__ import annotations
 
 import asyncio
+import threading
+import time
 
+import numpy as np
 import pytest
 
-from runners.errors import ApiError
+from runners.settings import RunnerSettings
 from runners.tenants.cache import ModelCache
 from runners.tenants.loader import LoadedModel
+from serving.batching import Batcher
+from serving.errors import ApiError
 
 MB = 1 << 20
 
@@ -116,3 +121,41 @@ def test_a_failed_load_is_retried_by_the_next_request() -> None:
         return await cache.get("acme", "v1")
 
     assert asyncio.run(main()).version == "v1"
+
+
+def test_a_request_running_on_the_old_version_finishes_on_it_during_an_upload() -> None:
+    """What the runner does on /classify (runners/tenants/service.py): take the model for the current
+    version from the cache, submit to its batcher. A new version arriving meanwhile evicts the old
+    entry, and the request already submitted is still answered by the old model."""
+    policy = RunnerSettings().policy
+    computing = threading.Event()
+
+    def engine_of(version: str):
+        def engine(feeds):  # answers with the version that computed it; v1 slowly
+            if version == "v1":
+                computing.set()
+                time.sleep(0.3)
+            return np.full((len(feeds["input_ids"]), 1), float(version[1:]), dtype=np.float32)
+
+        return engine
+
+    async def load(tenant: str, version: str) -> LoadedModel:
+        model = LoadedModel(tenant, version, ["a", "b"], engine=engine_of(version), nbytes=MB)
+        model.batcher = Batcher(model.engine, policy)
+        return model
+
+    async def main():
+        cache = ModelCache(100 * MB, load, on_evict=lambda m: m.batcher.close_when_idle())
+        old = await cache.get("acme", "v1")
+        running = asyncio.create_task(old.batcher.submit([[5, 6]]))
+        await asyncio.to_thread(computing.wait, 5)  # the old model is computing this request
+        new = await cache.get("acme", "v2")  # the upload's version, loaded by the next request
+        after, _ = await new.batcher.submit([[5, 6]])
+        before, _ = await running
+        await asyncio.sleep(0.05)
+        return before, after, old, cache
+
+    before, after, old, cache = asyncio.run(main())
+    assert before.tolist() == [[1.0]] and after.tolist() == [[2.0]]
+    assert cache.stats.evictions == 1 and cache.stats.loaded == 1  # v1 left the cache …
+    assert old.batcher._task.done()  # … and its batcher stopped once its last request was served

@@ -1,7 +1,7 @@
 """Admission control: a bounded queue (429) and a deadline at the measured speed (503).
 
-Shared by the runner's batcher and the tokenizer service's coalescer, so a request is refused at
-once wherever it would otherwise wait: the same limits, the same Retry-After arithmetic.
+Every token queue (queue.py) admits through one of these, so a request is refused at once wherever
+it would otherwise wait: the same limits, the same Retry-After arithmetic.
 """
 
 from __future__ import annotations
@@ -9,14 +9,14 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from runners.batching.errors import DeadlineExceeded, QueueFull
+from serving.errors import DeadlineExceeded, QueueFull
 
 
 @dataclass
 class Admission:
     max_queue_tokens: int
     deadline_s: float
-    tokens_per_s: float = 10_000.0  # seeds the estimate until work is measured
+    tokens_per_s: float = 10_000.0  # seeds the estimate until work is measured (not a setting)
     on_shed: Callable[[str], None] = field(default=lambda reason: None, repr=False)
     waiting: int = 0  # tokens admitted, not yet started
     running: int = 0  # tokens started, not yet finished

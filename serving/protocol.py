@@ -1,4 +1,5 @@
-"""What the tokenizer service and the runners exchange: token ids in, embeddings and timings out."""
+"""What the tokenizer service and the runners exchange: token ids in; embeddings, intents,
+tenant versions and timings out. Both sides of every hop import these types from here."""
 
 from __future__ import annotations
 
@@ -9,16 +10,25 @@ import numpy as np
 from bentoml.validators import DType
 from pydantic import BaseModel, Field
 
-from models.contracts import MAX_SEQ_LEN
+from serving.contracts import MAX_SEQ_LEN, MINILM_VOCAB, SPM_VOCAB
 
-MINILM_VOCAB = 30522
 MAX_SEQUENCES = 4096  # per runner call
 
 Sequence_ = Annotated[
     list[Annotated[int, Field(ge=0, lt=MINILM_VOCAB)]], Field(min_length=1, max_length=MAX_SEQ_LEN)
 ]
 TokenIds = Annotated[list[Sequence_], Field(min_length=1, max_length=MAX_SEQUENCES)]
+# SentencePiece ids, as tenant models take them.
+SpmIds = Annotated[
+    list[
+        Annotated[
+            list[Annotated[int, Field(ge=0, lt=SPM_VOCAB)]], Field(min_length=1, max_length=512)
+        ]
+    ],
+    Field(min_length=1, max_length=1024),
+]
 Variant = Literal["fp32", "int8"]
+TenantFormat = Literal["onnx", "tf"]
 # What is left of the caller's own deadline; the runner refuses (503) work it cannot finish in time.
 DeadlineSeconds = Annotated[float | None, Field(gt=0, le=300)]
 
@@ -38,6 +48,9 @@ class Classified(BaseModel):
     intents: list[str]
     scores: list[float] = Field(description="Probability of each predicted intent.")
     version: str = Field(description="The tenant model version that answered.")
+    cache: Literal["hit", "miss"] = Field(
+        description="hit: the model was in memory; miss: this request waited for it to load."
+    )
 
 
 class Registered(BaseModel):
@@ -48,6 +61,25 @@ class Registered(BaseModel):
     labels: list[str]
     bytes: int
     metrics: dict[str, float]
+
+
+class TenantInfo(BaseModel):
+    """A tenant's current version as the registry describes it."""
+
+    tenant: str
+    version: str
+    format: TenantFormat
+    labels: list[str]
+    source: str = Field(description="How the version arrived: train, upload or demo.")
+    created: str
+    metrics: dict[str, float]
+    bytes: int = Field(description="Size of the version's files.")
+    versions: list[str] = Field(description="Versions kept on disk, the current one included.")
+
+
+class Deleted(BaseModel):
+    tenant: str
+    deleted: bool
 
 
 def timing_headers(queue_ms: float, inference_ms: float) -> dict[str, str]:

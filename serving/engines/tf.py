@@ -7,8 +7,8 @@ from pathlib import Path
 
 import numpy as np
 
-from models.contracts import Contract, check_contract
-from models.features import Feeds
+from serving.contracts import Contract, check_contract
+from serving.features import Feeds
 
 
 class TFEngine:

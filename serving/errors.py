@@ -7,6 +7,7 @@ these carry their own status, message and headers (e.g. 404 unknown tenant, 429 
 from __future__ import annotations
 
 import functools
+import math
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -35,6 +36,35 @@ class ApiError(Exception):
             ctx.response.status_code = self.status
             ctx.response.headers.update(self.headers())
         return JSONResponse(self.body(), status_code=self.status, headers=self.headers())
+
+
+class Overloaded(ApiError):
+    """Load shedding: the request cannot be served in time. Always carries Retry-After."""
+
+    def __init__(self, status: int, retry_after: float, reason: str) -> None:
+        super().__init__(reason, status)
+        self.retry_after = max(1, math.ceil(retry_after))
+        self.reason = reason
+
+    def headers(self) -> dict[str, str]:
+        return {"Retry-After": str(self.retry_after)}
+
+    def body(self) -> dict[str, Any]:
+        return {"error": self.reason, "retry_after": self.retry_after}
+
+
+class QueueFull(Overloaded):
+    """429: the queue holds its limit of tokens."""
+
+    def __init__(self, retry_after: float, reason: str) -> None:
+        super().__init__(429, retry_after, reason)
+
+
+class DeadlineExceeded(Overloaded):
+    """503: the request cannot finish (or did not start) within its deadline."""
+
+    def __init__(self, retry_after: float, reason: str) -> None:
+        super().__init__(503, retry_after, reason)
 
 
 def replies_on_error(api: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[Any]]:

@@ -17,6 +17,10 @@ TF_SAVEDMODEL = "minilm-tf"
 SENTENCEPIECE = "spm-unigram"
 
 EMBEDDING_DIM = 384
+# Vocabulary sizes: token ids are validated against them on the wire (serving/protocol.py), and the
+# build pipeline checks the tokenizers it builds against them.
+MINILM_VOCAB = 30522  # MiniLM's WordPiece vocabulary (vocab.txt)
+SPM_VOCAB = 2000  # the project's SentencePiece model (what its corpus supports)
 # all-MiniLM-L6-v2 was trained on sequences of up to 256 word pieces (sentence_bert_config.json);
 # its tokenizer.json says 128, which would silently cut longer texts. 256 is the model's limit.
 MAX_SEQ_LEN = 256

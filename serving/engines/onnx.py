@@ -6,8 +6,8 @@ from pathlib import Path
 
 import numpy as np
 
-from models.contracts import Contract, check_contract
-from models.features import Feeds
+from serving.contracts import Contract, check_contract
+from serving.features import Feeds
 
 _ORT_TYPES = {"tensor(int64)": "int64", "tensor(int32)": "int32", "tensor(float)": "float32"}
 

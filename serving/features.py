@@ -1,7 +1,7 @@
-"""From text to engine inputs: the MiniLM fast tokenizer and dynamic padding.
+"""From text to engine inputs and back: the MiniLM fast tokenizer, dynamic padding, cosine.
 
-Shared by the model builder, the parity check, the tokenizer service (tokenize) and the runners
-(pad): one definition of what the engines are fed.
+Shared by the model builder, the parity check, the tokenizer service (tokenize, cosine) and the
+runners (pad): one definition of what the engines are fed and of how vectors are compared.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 
-from models.contracts import MAX_SEQ_LEN
+from serving.contracts import MAX_SEQ_LEN
 
 Feeds = dict[str, np.ndarray]
 
@@ -47,3 +47,10 @@ def pad(sequences: Sequence[Sequence[int]], pad_id: int = 0) -> Feeds:
         "attention_mask": attention_mask,
         "token_type_ids": np.zeros_like(input_ids),
     }
+
+
+def cosine(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Row-wise cosine similarity of two [n, dim] arrays, clipped to [-1, 1] (float rounding
+    gives 1.0000001 for identical texts)."""
+    scores = np.sum(a * b, axis=1) / (np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1))
+    return np.clip(scores, -1.0, 1.0)

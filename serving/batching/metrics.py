@@ -1,4 +1,4 @@
-"""Prometheus metrics of the batching core, exported on each runner's /metrics.
+"""Prometheus metrics of the token queues and batchers, exported on each service's /metrics.
 
 ``bentoml.metrics`` (not bare prometheus_client) so that values from every worker process are
 aggregated by BentoML's multiprocess collector.
@@ -7,8 +7,6 @@ aggregated by BentoML's multiprocess collector.
 from __future__ import annotations
 
 import bentoml
-
-from runners.batching.core import NullRecorder
 
 _LABELS = ["runner", "model"]
 
@@ -53,6 +51,15 @@ QUEUED_TOKENS = bentoml.metrics.Gauge(
     labelnames=_LABELS,
     multiprocess_mode="livesum",
 )
+
+
+class NullRecorder:
+    """Observes nothing: what a queue records to when no metrics are wanted (tests, tools)."""
+
+    def engine_call(self, rows: int, padded: int, real: int, seconds: float) -> None: ...
+    def queued(self, seconds: float) -> None: ...
+    def shed(self, reason: str) -> None: ...
+    def queue_depth(self, tokens: int) -> None: ...
 
 
 class Recorder(NullRecorder):

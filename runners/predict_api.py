@@ -1,7 +1,8 @@
-"""TF Serving's REST predict shape on a runner: ``POST /v1/models/{name}:predict``.
+"""TF Serving's REST predict API, mounted on every embedding runner (ONNX and TF alike):
+``POST /v1/models/{name}:predict``.
 
-Seed 003's clients send ``{"inputs": {"input_ids": [[…]], "attention_mask": [[…]]}}`` (padded to a
-fixed length) and read ``{"outputs": [[…]]}``. Padding is stripped using the mask and the rows go
+Clients written for TF Serving send ``{"inputs": {"input_ids": [[…]], "attention_mask": [[…]]}}``
+(padded to a fixed length) and read ``{"outputs": [[…]]}``. Padding is stripped using the mask and the rows go
 through the same batcher as everything else, re-padded per batch.
 """
 
@@ -17,8 +18,9 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
-from runners.batching import Batcher, Overloaded
-from runners.protocol import TokenIds
+from serving.batching import Batcher
+from serving.errors import Overloaded
+from serving.protocol import TokenIds
 
 Matrix = Annotated[list[list[Annotated[int, Field(ge=0, le=1)]]], Field(min_length=1)]
 

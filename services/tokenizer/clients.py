@@ -1,0 +1,153 @@
+"""Typed clients of the runners: one class per runner, the same answer types however it is reached.
+
+A runner is a dependency in the same ``bentoml serve`` graph (its answers arrive as the models
+themselves) or a URL (one container each; answers arrive as JSON): ``_as`` turns either into the
+declared type of ``serving.protocol``. Every call retries once on a dead connection and passes a
+runner's overload (429/503 + Retry-After) and the caller's mistakes (4xx) through as they are.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+import aiohttp
+import numpy as np
+from bentoml.exceptions import BentoMLException
+from pydantic import BaseModel
+
+from services.tokenizer.coalesce import Embedded
+from serving.errors import ApiError, Overloaded
+from serving.protocol import (
+    Classified,
+    Deleted,
+    EmbedResult,
+    Registered,
+    TenantFormat,
+    TenantInfo,
+    Variant,
+)
+
+Model = TypeVar("Model", bound=BaseModel)
+
+
+class RunnerUnavailable(Overloaded):
+    def __init__(self, runner: str, why: str) -> None:
+        super().__init__(503, 1, f"{runner} is unavailable ({why}); retry shortly")
+
+
+def _as(model: type[Model], result: Any) -> Model:
+    return result if isinstance(result, model) else model.model_validate(result)
+
+
+def _body(text: str) -> dict[str, Any]:
+    try:
+        body = json.loads(text)
+    except ValueError:
+        return {}
+    return body if isinstance(body, dict) else {}
+
+
+async def _call(runner: str, send: Callable[[], Awaitable[Any]]) -> Any:
+    # A keep-alive connection the runner has just closed (restart, idle timeout) fails before the
+    # runner reads the request, so one retry on a fresh connection is safe; a registry call retried
+    # after a runner died mid-way at worst publishes one more complete version.
+    for attempt in (1, 2):
+        try:
+            return await send()
+        except (aiohttp.ClientConnectionError, TimeoutError) as exc:
+            if attempt == 2:
+                raise RunnerUnavailable(runner, type(exc).__name__) from exc
+        except BentoMLException as exc:
+            status, body = int(exc.error_code), _body(str(exc))
+            reason = str(body.get("error", str(exc)[:200]))
+            if status in (429, 503):
+                retry_after = float(body.get("retry_after", 1))
+                raise Overloaded(status, retry_after, f"{runner}: {reason}") from exc
+            if 400 <= status < 500 or status == 507:  # the caller's mistake: pass it on
+                raise ApiError(reason, status) from exc
+            raise
+    raise AssertionError("unreachable")
+
+
+def _budget(seconds: float) -> float:
+    # Never zero or negative (the runner would refuse the call as invalid rather than as late): a
+    # budget already spent still reaches the runner, which answers 503 at once.
+    return max(seconds, 0.001)
+
+
+def _embedded(result: Any) -> Embedded:
+    answer = _as(EmbedResult, result)
+    return Embedded(
+        vectors=np.asarray(answer.embeddings, dtype=np.float32),
+        queue_ms=answer.queue_ms,
+        inference_ms=answer.inference_ms,
+    )
+
+
+class OnnxRunnerClient:
+    """The ONNX runner, for one of its models (fp32 or int8)."""
+
+    def __init__(self, proxy: Any, variant: Variant) -> None:
+        self.proxy = proxy
+        self.variant = variant
+
+    async def embed(self, ids: list[list[int]], deadline_s: float) -> Embedded:
+        return _embedded(
+            await _call(
+                "onnx_runner",
+                lambda: self.proxy.to_async.embed(
+                    ids=ids, variant=self.variant, deadline_s=_budget(deadline_s)
+                ),
+            )
+        )
+
+
+class TFRunnerClient:
+    def __init__(self, proxy: Any) -> None:
+        self.proxy = proxy
+
+    async def embed(self, ids: list[list[int]], deadline_s: float) -> Embedded:
+        return _embedded(
+            await _call(
+                "tf_runner",
+                lambda: self.proxy.to_async.embed(ids=ids, deadline_s=_budget(deadline_s)),
+            )
+        )
+
+
+class TenantRunnerClient:
+    """The multi-tenant runner: classification and the tenant registry."""
+
+    name = "tenant_runner"
+
+    def __init__(self, proxy: Any) -> None:
+        self.proxy = proxy.to_async
+
+    async def classify(self, tenant: str, ids: list[list[int]]) -> Classified:
+        result = await _call(self.name, lambda: self.proxy.classify(tenant=tenant, ids=ids))
+        return _as(Classified, result)
+
+    async def train(
+        self, tenant: str, ids: list[list[int]], intents: list[str], format: TenantFormat
+    ) -> Registered:
+        result = await _call(
+            self.name,
+            lambda: self.proxy.train(tenant=tenant, ids=ids, intents=intents, format=format),
+        )
+        return _as(Registered, result)
+
+    async def upload(self, tenant: str, file: Path) -> Registered:
+        result = await _call(self.name, lambda: self.proxy.upload(tenant=tenant, file=file))
+        return _as(Registered, result)
+
+    async def list_tenants(self) -> list[str]:
+        return [str(name) for name in await _call(self.name, self.proxy.list_tenants)]
+
+    async def show(self, tenant: str) -> TenantInfo:
+        return _as(TenantInfo, await _call(self.name, lambda: self.proxy.show(tenant=tenant)))
+
+    async def delete(self, tenant: str) -> Deleted:
+        return _as(Deleted, await _call(self.name, lambda: self.proxy.delete(tenant=tenant)))

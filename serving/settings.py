@@ -1,0 +1,35 @@
+"""What every service's settings share: the cores it may use and the limits of its queue.
+
+Each service has one settings object (``RunnerSettings`` subclasses, ``TokenizerSettings``) with its
+own environment prefix; the queue limits are declared here once, so their defaults live in one place.
+"""
+
+from __future__ import annotations
+
+from pydantic import Field
+from pydantic_settings import BaseSettings
+
+
+def available_cores() -> int:
+    """Cores this process may use, honouring cgroup CPU quotas (containers, Kubernetes limits)."""
+    # bentoml's resource probe reads cgroup v1/v2 quotas; os.cpu_count() would see the whole host.
+    from bentoml._internal.resource import system_resources
+
+    return max(1, int(system_resources()["cpu"]))
+
+
+class QueueSettings(BaseSettings):
+    """Admission limits of a token-budget queue (serving/batching/queue.py)."""
+
+    max_queue_tokens: int = Field(
+        131072,
+        ge=1,
+        description="Tokens allowed to wait per queue (~8 s of work on 2 cores); beyond this requests "
+        "get 429 with Retry-After.",
+    )
+    deadline_s: float = Field(
+        10.0,
+        gt=0,
+        description="Time a request may take from admission to its answer (queue + engine); one that "
+        "cannot make it at the measured speed gets 503 with Retry-After at once.",
+    )

@@ -1,0 +1,42 @@
+"""The soak in CI: 60 seconds of every endpoint at ~70 % of capacity (`make soak` runs 10 minutes).
+No request may fail, and no server process may grow its resident memory or open descriptors by more
+than 10 % after warm-up. The figures are printed for the note."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import pytest
+
+from loadtests import soak
+from loadtests.processes import bentoml_serve
+from tests.e2e.conftest import log_path
+
+
+@pytest.fixture(scope="module")
+def report(tmp_path_factory: pytest.TempPathFactory) -> dict:
+    env = {"BUNDLE_TENANTS_STORE": str(tmp_path_factory.mktemp("soak-tenants"))}
+    with bentoml_serve(".", log_path("soak-graph.log"), env=env) as server:
+        result = asyncio.run(soak.run(server.url, server, seconds=60, interval=10))
+    print(json.dumps({k: v for k, v in result.items() if k != "samples"}, indent=1))
+    print(soak.render(result))
+    return result
+
+
+def test_no_request_fails(report: dict) -> None:
+    assert report["requests"] >= 0.6 * report["offered_per_s"] * report["seconds"], report
+    assert report["statuses"].keys() == {"200"}, report["failures"]
+
+
+def test_every_server_process_is_watched(report: dict) -> None:
+    assert len(report["samples"]) >= 6  # every 10 s over 60 s, and one at the end
+    names = " ".join(report["samples"][-1]["processes"])
+    for service in ("tokenizer", "onnx_runner", "tf_runner", "tenant_runner"):
+        assert service in names, names
+
+
+def test_memory_and_descriptors_do_not_grow_after_warm_up(report: dict) -> None:
+    assert report["growth_after_warmup"], report
+    assert report["worst_growth"] <= soak.GROWTH_LIMIT, report["growth_after_warmup"]
+    assert report["passed"]

@@ -1,0 +1,144 @@
+"""The typed runner clients answer the same types whichever way the runner is reached: a dependency
+in the same graph hands back the models themselves, a runner reached by URL hands back JSON."""
+
+from __future__ import annotations
+
+import asyncio
+from http import HTTPStatus
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import numpy as np
+import pytest
+from bentoml.exceptions import BentoMLException
+
+from services.tokenizer.clients import (
+    OnnxRunnerClient,
+    RunnerUnavailable,
+    TenantRunnerClient,
+    TFRunnerClient,
+)
+from serving.errors import ApiError, Overloaded
+from serving.protocol import Classified, Deleted, EmbedResult, Registered, TenantInfo
+
+CLASSIFIED = Classified(intents=["greeting"], scores=[0.9], version="v1", cache="hit")
+REGISTERED = Registered(tenant="acme", version="v2", labels=["a", "b"], bytes=10, metrics={})
+INFO = TenantInfo(
+    tenant="acme", version="v2", format="onnx", labels=["a", "b"], source="train",
+    created="2026-11-23T00:00:00+00:00", metrics={"train_accuracy": 1.0}, bytes=10, versions=["v2"],
+)  # fmt: skip
+EMBEDDED = EmbedResult(
+    embeddings=np.array([[0.5, -0.25]], dtype=np.float32), queue_ms=1.5, inference_ms=2.5, engine_calls=1
+)  # fmt: skip
+
+
+class FakeProxy:
+    """What ``bentoml.depends`` gives: ``proxy.to_async.<api>(**kwargs)``. ``json=True`` answers as
+    a runner reached by URL does (plain JSON data), otherwise as one in the same graph (models)."""
+
+    def __init__(self, json: bool, fail: list[Exception] | None = None) -> None:
+        self.to_async = self
+        self.json = json
+        self.fail = fail or []
+        self.calls: list[tuple[str, dict[str, Any]]] = []
+
+    def _answer(self, api: str, value: Any, **kwargs: Any) -> Any:
+        self.calls.append((api, kwargs))
+        if self.fail:
+            raise self.fail.pop(0)
+        if self.json and hasattr(value, "model_dump"):
+            dumped = value.model_dump(mode="json")
+            if isinstance(value, EmbedResult):
+                dumped["embeddings"] = value.embeddings.tolist()
+            return dumped
+        return value
+
+    async def embed(self, **kw: Any) -> Any:
+        return self._answer("embed", EMBEDDED, **kw)
+
+    async def classify(self, **kw: Any) -> Any:
+        return self._answer("classify", CLASSIFIED, **kw)
+
+    async def train(self, **kw: Any) -> Any:
+        return self._answer("train", REGISTERED, **kw)
+
+    async def upload(self, **kw: Any) -> Any:
+        return self._answer("upload", REGISTERED, **kw)
+
+    async def list_tenants(self, **kw: Any) -> Any:
+        return self._answer("list_tenants", ["acme", "initech"], **kw)
+
+    async def show(self, **kw: Any) -> Any:
+        return self._answer("show", INFO, **kw)
+
+    async def delete(self, **kw: Any) -> Any:
+        return self._answer("delete", Deleted(tenant="acme", deleted=True), **kw)
+
+
+@pytest.mark.parametrize("json", [False, True], ids=["same graph", "by URL"])
+def test_tenant_client_answers_typed_models_either_way(json: bool) -> None:
+    client = TenantRunnerClient(FakeProxy(json))
+
+    async def main() -> list[Any]:
+        return [
+            await client.classify("acme", [[5, 6]]),
+            await client.train("acme", [[5], [6]], ["a", "b"], "onnx"),
+            await client.upload("acme", Path("model.tar.gz")),
+            await client.list_tenants(),
+            await client.show("acme"),
+            await client.delete("acme"),
+        ]
+
+    classified, trained, uploaded, names, info, deleted = asyncio.run(main())
+    assert type(classified) is Classified and classified == CLASSIFIED
+    assert type(trained) is Registered and trained == REGISTERED and uploaded == REGISTERED
+    assert names == ["acme", "initech"]
+    assert type(info) is TenantInfo and info == INFO
+    assert deleted == Deleted(tenant="acme", deleted=True)
+
+
+@pytest.mark.parametrize("json", [False, True], ids=["same graph", "by URL"])
+def test_embedding_clients_answer_float32_rows_either_way(json: bool) -> None:
+    onnx, tf = FakeProxy(json), FakeProxy(json)
+
+    async def main():
+        return (
+            await OnnxRunnerClient(onnx, "int8").embed([[101, 102]], 2.0),
+            await TFRunnerClient(tf).embed([[101, 102]], -1.0),
+        )
+
+    for result in asyncio.run(main()):
+        assert result.vectors.dtype == np.float32
+        np.testing.assert_array_equal(result.vectors, EMBEDDED.embeddings)
+        assert (result.queue_ms, result.inference_ms) == (1.5, 2.5)
+    assert onnx.calls == [("embed", {"ids": [[101, 102]], "variant": "int8", "deadline_s": 2.0})]
+    assert tf.calls[0][1]["deadline_s"] == 0.001  # a spent budget still reaches the runner
+
+
+def test_overload_and_caller_errors_pass_through_with_their_status() -> None:
+    def failing(status: int, body: str) -> TenantRunnerClient:
+        return TenantRunnerClient(
+            FakeProxy(True, [BentoMLException(body, error_code=HTTPStatus(status))])
+        )
+
+    async def outcome(client: TenantRunnerClient) -> BaseException:
+        with pytest.raises(ApiError) as info:
+            await client.classify("acme", [[5]])
+        return info.value
+
+    shed = asyncio.run(outcome(failing(429, '{"error": "queue full", "retry_after": 3}')))
+    assert isinstance(shed, Overloaded) and shed.status == 429 and shed.retry_after == 3
+    unknown = asyncio.run(outcome(failing(404, '{"error": "unknown tenant \'acme\'"}')))
+    assert unknown.status == 404 and unknown.message == "unknown tenant 'acme'"
+
+
+def test_a_dead_connection_is_retried_once_then_reported_as_503() -> None:
+    once = FakeProxy(False, [aiohttp.ServerDisconnectedError()])
+    assert asyncio.run(TenantRunnerClient(once).classify("acme", [[5]])) == CLASSIFIED
+    assert len(once.calls) == 2
+
+    dead = FakeProxy(False, [aiohttp.ServerDisconnectedError(), aiohttp.ServerDisconnectedError()])
+    with pytest.raises(RunnerUnavailable) as info:
+        asyncio.run(TenantRunnerClient(dead).classify("acme", [[5]]))
+    assert info.value.status == 503 and info.value.headers() == {"Retry-After": "1"}
