@@ -24,7 +24,7 @@ BASE_IMAGE_CMD := $(if $(BASE_IMAGE),PATH=$(DOCKER_PATH) deploy/engine/base-imag
 IMAGES_CMD := PATH=$(DOCKER_PATH) BASE_IMAGE=$(BASE_IMAGE) $(PY) deploy/bentos.py images \
 	--tag $(IMAGE_TAG) --only tokenizer,onnx-runner,tf-runner,tenant-runner
 
-.PHONY: help install tools models parity bench chaos soak tenants tenant-figures serve test lint format clean \
+.PHONY: help install wrk tools models parity bench chaos soak tenants tenant-figures serve test lint format clean \
 	bentos engine engine-stop base-image images test-containers
 
 help: ## List the targets
@@ -39,10 +39,14 @@ $(VENV)/.installed: pyproject.toml
 
 install: $(VENV)/.installed ## Create .venv and install the pinned dependencies
 
-tools: ## System tools the deploy checks use: docker-compose (Debian's), kubectl (must be present)
+SUDO := $(if $(filter 0,$(shell id -u)),,sudo)
+wrk: ## The benchmark's load generator (Debian package), if missing
+	@command -v wrk >/dev/null || { echo "installing wrk (Debian package) …"; \
+	  $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -q wrk >/dev/null; }
+
+tools: wrk ## System tools: wrk, docker-compose (deploy checks), Debian's; kubectl (must be present)
 	@command -v docker-compose >/dev/null || { echo "installing docker-compose (Debian package) …"; \
-	  $(if $(filter 0,$(shell id -u)),,sudo) env DEBIAN_FRONTEND=noninteractive \
-	  apt-get install -y -q docker-compose >/dev/null; }
+	  $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -q docker-compose >/dev/null; }
 	@command -v kubectl >/dev/null || { echo "error: kubectl not found: install it (it renders deploy/k8s offline)"; exit 1; }
 
 models: install ## Build every model into the BentoML model store (FORCE=1 rebuilds, SOURCE=dir|hub-id)
@@ -54,7 +58,7 @@ parity: models ## Parity report of every backend against PyTorch (build/parity.j
 tenants: models ## Build N demo tenants (default 1000) into the tenant store, reusing those built
 	$(PY) -m tools.tenants demo --count $(N) $(if $(FORCE),--force)
 
-bench: models ## Side-by-side benchmark: raw engine, this stack, FastAPI, naive BentoML (BENCH_QUICK=1: short)
+bench: models wrk ## Side-by-side benchmark, interleaved repeats, CPU per request; records loadtests/results (BENCH_QUICK=1: short, not recorded)
 	$(PY) -m loadtests.bench
 
 chaos: models ## Overload at 4x capacity, recovery, workers SIGKILLed under load (PHASE_S seconds a phase)
@@ -93,10 +97,13 @@ test-containers: models ## The compose stack from real images: smoke, Locust, a 
 	  PATH=$(DOCKER_PATH) IMAGE_TAG=$(IMAGE_TAG) $(PY) -m pytest tests/containers -p no:cacheprovider \
 	  || status=$$?; $(ENGINE) stop; exit $$status
 
-lint: install ## ruff lint and format check, and the import layers (pyproject.toml's importlinter)
+lint: install ## ruff lint and format check, the import layers, no code repeated across the serving packages
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/lint-imports
+	@# Six or more lines alike anywhere in serving/, services/ and runners/ (across the boundary too)
+	$(VENV)/bin/pylint --disable=all --enable=duplicate-code --min-similarity-lines=6 \
+	  --ignore-imports=yes --score=no serving services runners
 
 format: install ## Apply ruff's fixes and formatting
 	$(VENV)/bin/ruff check --fix .

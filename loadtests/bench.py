@@ -1,117 +1,185 @@
 """The side-by-side benchmark (``make bench``; ``BENCH_QUICK=1`` for a few seconds a point).
 
-In one run, on one machine, with the same Locust client and corpus for every system:
-- raw: the engine in this process (tokenize + ONNX session, length-sorted batches of the best
-  size), no HTTP at all: the limit;
+In one run, on one machine, with the same load generator (wrk, loadgen.py) and corpus for every
+system:
+- raw: the engine in this process, no HTTP, per backend (fp32, int8): the best of row-count and
+  token-budget plans (raw_engine.py): the limit;
 - stack: this project (``bentoml serve .``), fp32, and the same server with backend onnx-int8;
 - stack, batching off: the same graph with one sequence per engine call;
-- fastapi: seed 003's FastAPI + ONNX Runtime server, one request at a time;
-- naive bentoml: ``batchable=True`` on ``list[list[int]]``, padded to the longest.
-Servers run one at a time. Prints a markdown table and writes build/bench/results.json, results.md
-and a PNG per workload (throughput, p50 and p99 against users).
+- fastapi: a FastAPI + ONNX Runtime server answering one request at a time;
+- naive bentoml: ``batchable=True`` on ``list[list[int]]``, padded to the longest;
+- hand-written batching: one Starlette process with a length-sorting dynamic batcher.
+Every server runs for the whole benchmark and the points are interleaved: for each repeat, each
+workload and user count, every system in turn, so a noisy minute is shared by all. Each point
+records, per server process, the CPU it spent per request (cpu.py). Medians and spreads over the
+repeats make the table. Writes build/bench/results.json, results.md and a PNG per workload; a full
+run (not quick) also records loadtests/results/DATE.json and regenerates the figures of
+loadtests/README.md from it (``--no-record`` skips that).
+Exits 1 if a served figure is above its backend's raw limit (the limit would be wrong).
 """
 
 from __future__ import annotations
 
+import argparse
+import contextlib
 import datetime as dt
 import json
 import os
 import platform
+import subprocess
 import sys
-from dataclasses import asdict
+from pathlib import Path
 
+from loadtests import report
 from loadtests.points import (
     FASTAPI,
+    HANDWRITTEN,
     INT8,
-    MIDDLE,
     NAIVE,
     NOBATCH,
     OUT,
+    QUICK,
     STACK,
+    SYSTEMS,
     USERS,
     WORKLOADS,
     Point,
     drain,
-    locust_point,
+    point,
 )
-from loadtests.processes import BIN, Server, bentoml_serve, free_port
-from loadtests.raw_engine import raw_engine
-from loadtests.report import markdown, plot, ratios, targets
+from loadtests.processes import BIN, ROOT, Server, bentoml_serve, free_port
+
+RESULTS = ROOT / "loadtests" / "results"
+
+
+def uvicorn(app: str, log: Path) -> Server:
+    port = free_port()
+    argv = [
+        str(BIN / "uvicorn"),
+        app,
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--log-level",
+        "warning",
+        "--no-access-log",
+        "--http",
+        "httptools",
+        "--loop",
+        "uvloop",
+    ]
+    return Server(argv, port, log, ready_path="/health")
 
 
 def servers() -> dict[str, Server]:
+    """One server per system; the int8 points go to the stack's own server (same graph)."""
     logs = OUT / "logs"
-    port = free_port()
-    fastapi = Server(
-        [str(BIN / "uvicorn"), "loadtests.baselines.fastapi_server:app", "--host", "127.0.0.1", "--port", str(port), "--log-level", "warning"],
-        port, logs / "fastapi.log", ready_path="/health",
-    )  # fmt: skip
     return {
         STACK: bentoml_serve(".", logs / "stack.log"),
         NOBATCH: bentoml_serve(".", logs / "nobatch.log", env={"BUNDLE_ONNX_MAX_BATCH_ROWS": "1"}),
-        FASTAPI: fastapi,
+        FASTAPI: uvicorn("loadtests.baselines.fastapi_server:app", logs / "fastapi.log"),
         NAIVE: bentoml_serve("loadtests.baselines.naive_bentoml:NaiveFront", logs / "naive.log"),
+        HANDWRITTEN: uvicorn("loadtests.baselines.batching_server:app", logs / "handwritten.log"),
     }
 
 
-def main() -> int:
-    quick = os.environ.get("BENCH_QUICK", "") not in ("", "0")
-    seconds = float(os.environ.get("BENCH_SECONDS", 4 if quick else 30))
+def commit() -> str:
+    proc = subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True
+    )
+    dirty = subprocess.run(
+        ["git", "status", "--porcelain"], cwd=ROOT, capture_output=True, text=True
+    )
+    return proc.stdout.strip() + ("+changes" if dirty.stdout.strip() else "")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m loadtests.bench", description=__doc__.splitlines()[0]
+    )
+    parser.add_argument(
+        "--seconds", type=float, default=float(os.environ.get("BENCH_SECONDS", 3 if QUICK else 10))
+    )
+    parser.add_argument(
+        "--repeats", type=int, default=int(os.environ.get("BENCH_REPEATS", 1 if QUICK else 3))
+    )
+    parser.add_argument(
+        "--no-record",
+        dest="record",
+        action="store_false",
+        default=not QUICK,
+        help="do not write loadtests/results/DATE.json nor regenerate loadtests/README.md's figures",
+    )
+    args = parser.parse_args(argv)
     OUT.mkdir(parents=True, exist_ok=True)
     from serving import contracts
 
     print(
-        f"benchmark: {'quick, ' if quick else ''}{seconds:.0f} s a point, users {USERS}", flush=True
+        f"benchmark: {'quick, ' if QUICK else ''}{args.seconds:.0f} s a point, users {USERS}, {args.repeats} repeats",
+        flush=True,
     )
     raw = {
-        "fp32": raw_engine(contracts.ONNX_FP32, 1 if quick else 3),
-        "int8": raw_engine(contracts.ONNX_INT8, 1 if quick else 3),
+        "fp32": report.raw_limit(contracts.ONNX_FP32, 1 if QUICK else 3),
+        "int8": report.raw_limit(contracts.ONNX_INT8, 1 if QUICK else 3),
     }
     print(
-        f"raw engine: {raw['fp32']['sentences_per_s']:.0f} sentences/s (fp32), {raw['int8']['sentences_per_s']:.0f} (int8)",
+        f"raw engine: {raw['fp32']['sentences_per_s']:.0f} sentences/s fp32 ({raw['fp32']['plan']}), {raw['int8']['sentences_per_s']:.0f} int8 ({raw['int8']['plan']})",
         flush=True,
     )
     points: list[Point] = []
-    for system, server in servers().items():
-        with server:
+    running = servers()
+    with contextlib.ExitStack() as stack:
+        for server in running.values():
+            stack.enter_context(server)
+        for repeat in range(args.repeats):
             for workload in WORKLOADS:
                 for users in USERS:
-                    runs = [(system, "")]
-                    if system == STACK and users == MIDDLE:  # int8 on the same server, same load
-                        runs.append((INT8, "onnx-int8"))
-                    for name, backend in runs:
+                    for system in SYSTEMS:
+                        server = running[STACK if system == INT8 else system]
                         drain(server.url)
-                        point = locust_point(server.url, name, workload, users, seconds, backend)
-                        points.append(point)
+                        backend = "onnx-int8" if system == INT8 else ""
+                        p = point(server, system, workload, users, args.seconds, repeat, backend)
+                        points.append(p)
                         print(
-                            f"  {name:<20} {workload:<5} {users:>3} users: {point.sentences_per_s:7.1f} sentences/s, "
-                            f"p50 {point.p50_ms:.0f} ms, p99 {point.p99_ms:.0f} ms, {point.failures} failures",
+                            f"  [{repeat + 1}/{args.repeats}] {system:<22} {workload:<5} {users:>3} users: "
+                            f"{p.sentences_per_s:7.1f} sentences/s, p50 {p.p50_ms:.1f} ms, p99 {p.p99_ms:.0f} ms, "
+                            f"{p.failures} failed, {p.shed} shed, load-gen CPU {p.loadgen_cpu_share:.1%}",
                             flush=True,
                         )
-    rows = ratios(points, raw["fp32"]["sentences_per_s"])
-    table = markdown(points, rows, raw)
-    checks = targets(rows, points)
-    meta = {
-        "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
-        "machine": f"{platform.machine()}, {os.cpu_count()} cores, {platform.processor() or platform.platform()}",
-        "python": sys.version.split()[0],
-        "quick": quick,
-        "seconds_per_point": seconds,
-        "users": list(USERS),
-        "middle_users": MIDDLE,
-    }
-    results = {"meta": meta, "raw": raw, "points": [asdict(p) for p in points], "ratios": rows,
-               "targets": [{"target": t, "met": ok, "measured": m} for t, ok, m in checks]}  # fmt: skip
-    (OUT / "results.json").write_text(json.dumps(results, indent=2) + "\n")
-    (OUT / "results.md").write_text(table + "\n")
-    plots = plot(points, raw["fp32"]["sentences_per_s"])
-    print("\n" + table + "\n")
-    for target, ok, measured in checks:
-        print(f"{'met   ' if ok else 'MISSED'} {target}: {measured}")
-    print(
-        f"\nwritten: {OUT / 'results.json'}, {OUT / 'results.md'}, "
-        + ", ".join(str(p) for p in plots)
+    results = report.results(
+        points,
+        raw,
+        meta={
+            "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+            "commit": commit(),
+            "machine": f"{platform.machine()}, {os.cpu_count()} cores, {platform.processor() or platform.platform()}",
+            "python": sys.version.split()[0],
+            "quick": QUICK,
+            "seconds_per_point": args.seconds,
+            "repeats": args.repeats,
+            "users": list(USERS),
+            "load_generator": "wrk (loadtests/wrk/bodies.lua)",
+        },
     )
+    (OUT / "results.json").write_text(json.dumps(results, indent=2) + "\n")
+    table = report.markdown(results)
+    (OUT / "results.md").write_text(table + "\n")
+    plots = report.plot(results, OUT)
+    print("\n" + table + "\n")
+    for check in results["targets"]:
+        print(f"{'met   ' if check['met'] else 'MISSED'} {check['target']}: {check['measured']}")
+    written = [OUT / "results.json", OUT / "results.md", *plots]
+    if args.record:
+        RESULTS.mkdir(parents=True, exist_ok=True)
+        recorded = RESULTS / f"{results['meta']['date'][:10]}.json"
+        recorded.write_text(json.dumps(results, indent=2) + "\n")
+        report.update_readme(recorded)
+        written += [recorded, report.README]
+    print("\nwritten: " + ", ".join(str(p) for p in written))
+    if wrong := report.above_raw(results):
+        print(f"error: served above its raw limit (the limit is wrong): {wrong}", file=sys.stderr)
+        return 1
     return 0
 
 

@@ -62,6 +62,9 @@ class Phase:
     offered_per_s: float
     outcomes: list[Outcome] = field(default_factory=list, repr=False)
     inflight_at_kill: int | None = None  # requests sent and unanswered when a worker was killed
+    # the client's connections then open, busy or idle: each dies with a killed tokenizer worker,
+    # and an idle one can still be picked for a request before the client sees it closed
+    connections_at_kill: int | None = None
 
     def summary(self) -> dict:
         ok = [o for o in self.outcomes if o.status == 200]
@@ -88,6 +91,7 @@ class Phase:
             "wrong_answers": sum(o.status == -1 for o in self.outcomes),
             "transport_errors": sum(o.status == 0 for o in self.outcomes),
             "inflight_at_kill": self.inflight_at_kill,
+            "connections_at_kill": self.connections_at_kill,
             "other_errors": len(other),
             "other_error_kinds": dict(kinds.most_common()),
             "slowest_failure_ms": _ms(max((o.latency_s for o in shed + other), default=None)),
@@ -115,6 +119,7 @@ class Load:
         self.texts = self.rng.sample(corpus.load_texts(), pool)
         self.reference: dict[str, np.ndarray] = {}
         self.inflight = 0
+        self.probes = Phase("recovery probes", 0.0)  # the requests that time recovery
         self.client = httpx.AsyncClient(
             base_url=url,
             timeout=CLIENT_TIMEOUT_S,
@@ -125,6 +130,10 @@ class Load:
                 max_connections=1000, max_keepalive_connections=1000, keepalive_expiry=2.0
             ),
         )
+
+    def open_connections(self) -> int:
+        """Connections in the client's pool now (httpcore's pool: busy and idle keep-alive ones)."""
+        return len(self.client._transport._pool.connections)
 
     async def take_reference(self) -> None:
         """Each text's embedding from the unloaded stack, one request per 32 texts."""
@@ -198,6 +207,7 @@ async def recovery_s(load: Load, baseline_p50_s: float, limit_s: float = 60) -> 
     while time.monotonic() - started < limit_s:
         phase = Phase("probe", 0)
         await load.one(phase)
+        load.probes.outcomes.extend(phase.outcomes)  # counted like every other request
         o = phase.outcomes[0]
         streak = streak + 1 if o.status == 200 and o.latency_s <= 3 * baseline_p50_s else 0
         if streak == 3:
@@ -227,12 +237,14 @@ async def kill_during_load(
         await asyncio.sleep(seconds / 3)
         victim = worker(server, service)
         phase.inflight_at_kill = load.inflight
+        phase.connections_at_kill = load.open_connections()
         os.kill(victim.pid, signal.SIGKILL)
         killed = time.monotonic()
         # Serving again: a request through the whole graph answers 200.
         while time.monotonic() - killed < 60:
             probe = Phase("probe", 0)
             await load.one(probe)
+            phase.outcomes.extend(probe.outcomes)  # a request of this phase like the others
             if probe.outcomes[0].status == 200:
                 return round(time.monotonic() - killed, 2)
             await asyncio.sleep(0.2)
@@ -302,6 +314,7 @@ async def run(url: str, server: Server | None, seconds: float) -> dict:
                 await recovery_s(load, baseline_p50)
             report["server_alive"] = server.proc is not None and server.proc.poll() is None
             report["workers_serving"] = await workers_serving(load, server)
+        report["phases"].append(load.probes.summary())
         return report
     finally:
         await load.close()
@@ -309,13 +322,13 @@ async def run(url: str, server: Server | None, seconds: float) -> dict:
 
 def render(report: dict) -> str:
     lines = [
-        "| phase | offered/s | served/s | served p99 ms | refused | refusal p99 ms | no Retry-After | other errors | slowest failure ms |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| phase | offered/s | statuses | served/s | served p99 ms | refused | refusal p99 ms | no Retry-After | in flight at kill | other errors | slowest failure ms |",
+        "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for p in report["phases"]:
         lines.append(
-            f"| {p['phase']} | {p['offered_per_s']} | {p['served_per_s']} | {p['served_p99_ms']} "
-            f"| {p['refused']} | {p['refusal_p99_ms']} | {p['refused_without_retry_after']} "
+            f"| {p['phase']} | {p['offered_per_s']} | {p['statuses']} | {p['served_per_s']} | {p['served_p99_ms']} "
+            f"| {p['refused']} | {p['refusal_p99_ms']} | {p['refused_without_retry_after']} | {p['inflight_at_kill'] if p['inflight_at_kill'] is not None else ''} "
             f"| {p['other_errors']} {p['other_error_kinds'] or ''} | {p['slowest_failure_ms']} |"
         )
     lines.append(f"\nrecovery after overload: {report['recovery_after_overload_s']} s")

@@ -1,36 +1,38 @@
-"""One load point: a headless Locust run against a server, read back as a ``Point``.
+"""One load point: wrk against a server for a few seconds, read back as a ``Point`` with the CPU
+each server process spent per request.
 
-The workloads (``WORKLOADS``), the user counts of a run (``USERS``) and the names of the systems
-compared are defined here, so the benchmark, its report and the tests share them.
+The workloads, the user counts of a run and the names of the systems compared are defined here, so
+the benchmark, its report and the tests share them.
 """
 
 from __future__ import annotations
 
-import csv
 import os
-import resource
-import subprocess
 import time
 import urllib.request
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
-from loadtests.processes import BIN, ROOT
+from loadtests import cpu, loadgen
+from loadtests.processes import ROOT, Server
 
 OUT = Path(os.environ.get("BENCH_OUT", ROOT / "build" / "bench"))
-WORKLOADS = {"chat": ("ChatUser", 1), "bulk": ("BulkUser", 32)}
-# The full run ramps as seed 000 does. A quick run (CI) uses lighter loads: in a closed loop, bulk
-# at 160 users means ~10 s latency, longer than a quick point lasts, so nothing would complete.
-USERS = (4, 8, 16) if os.environ.get("BENCH_QUICK", "") not in ("", "0") else (16, 64, 160)
-MIDDLE = USERS[1]
-STACK, NOBATCH, INT8, FASTAPI, NAIVE = (
+QUICK = os.environ.get("BENCH_QUICK", "") not in ("", "0")
+WORKLOADS = {"chat": 1, "bulk": loadgen.BULK}  # sentences per request
+# One user (what batching costs when there is nothing to batch), then the ramp from 16 to 160.
+# A quick run (CI) keeps the points short and light.
+USERS = (1, 8) if QUICK else (1, 16, 64, 160)
+MIDDLE = USERS[-1] if QUICK else 64
+STACK, INT8, NOBATCH, FASTAPI, NAIVE, HANDWRITTEN = (
     "stack",
-    "stack, batching off",
     "stack, int8",
+    "stack, batching off",
     "fastapi",
     "naive bentoml",
+    "hand-written batching",
 )
-SYSTEMS = (STACK, INT8, NOBATCH, FASTAPI, NAIVE)
+SYSTEMS = (STACK, INT8, NOBATCH, FASTAPI, NAIVE, HANDWRITTEN)
+BACKEND_OF = {INT8: "int8"}  # every other system serves the fp32 model
 
 
 @dataclass
@@ -38,70 +40,53 @@ class Point:
     system: str
     workload: str
     users: int
-    sentences_per_s: float
+    repeat: int
+    sentences_per_s: float  # of answered 200s only
     requests_per_s: float
     p50_ms: float
     p99_ms: float
-    requests: int  # not shed (served, or failed otherwise)
-    failures: int  # of those, failed (wrong answer, 5xx other than 503)
-    shed: int  # refused with 429/503 + Retry-After (the users then back off)
-    loadgen_cpu_share: float  # Locust's CPU seconds / (wall seconds x cores)
+    requests: int  # answered, any status
+    failures: int  # not 200 and not shed (a 5xx other than 503, a reset, a timeout)
+    shed: int  # refused with 429/503 + Retry-After
+    loadgen_cpu_share: float  # the load generator's CPU seconds / (wall seconds x cores)
+    cpu_ms_per_request: dict[str, dict[str, float]] = field(default_factory=dict)
 
 
-def locust_point(
-    url: str, system: str, workload: str, users: int, seconds: float, backend: str = ""
-) -> Point:
-    user_class, per_request = WORKLOADS[workload]
-    prefix = OUT / "locust" / f"{system.replace(' ', '_').replace(',', '')}-{workload}-{users}"
-    prefix.parent.mkdir(parents=True, exist_ok=True)
-    argv = [
-        str(BIN / "locust"), "-f", "loadtests/locustfile.py", user_class, "--headless",
-        "-u", str(users), "-r", str(users), "-t", f"{seconds + 1:.0f}s", "--reset-stats",
-        "--host", url, "--csv", str(prefix), "--only-summary", "--max-fail-ratio", "1",
-    ]  # fmt: skip
-    if backend:
-        argv += ["--backend", backend]
-    before = resource.getrusage(resource.RUSAGE_CHILDREN)
-    started = time.perf_counter()
-    proc = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=seconds + 120)
-    wall = time.perf_counter() - started
-    after = resource.getrusage(resource.RUSAGE_CHILDREN)
-    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
-    try:
-        with open(f"{prefix}_stats.csv") as fh:
-            rows = list(csv.DictReader(fh))
-        total = next(row for row in rows if row["Name"] == "Aggregated")
-    except (OSError, StopIteration):
-        raise RuntimeError(
-            f"locust produced no stats for {system}/{workload}/{users}: {proc.stderr[-1500:]}"
-        ) from None
-    served_rows = [
-        r for r in rows if r["Name"] != "Aggregated" and not r["Name"].endswith("[shed]")
-    ]
-    shed = sum(int(r["Request Count"]) for r in rows if r["Name"].endswith("[shed]"))
-    served = (
-        served_rows[0]
-        if served_rows
-        else {"Request Count": "0", "Failure Count": "0", "50%": "N/A", "99%": "N/A"}
+def bodies(workload: str, backend: str) -> Path:
+    return loadgen.write_bodies(
+        workload, OUT / "bodies" / f"{workload}-{backend or 'default'}.jsonl", backend=backend
     )
-    count, failed = int(served["Request Count"]), int(served["Failure Count"])
-    # Locust's Requests/s counts failures and shed requests too: scale it to the successful ones.
-    total_count = int(total["Request Count"])
-    ok_rps = float(total["Requests/s"]) * (count - failed) / total_count if total_count else 0.0
+
+
+def point(
+    server: Server,
+    system: str,
+    workload: str,
+    users: int,
+    seconds: float,
+    repeat: int = 0,
+    backend: str = "",
+) -> Point:
+    before = cpu.snapshot([server.process(), *server.descendants()])
+    load = loadgen.run(server.url, "/embed", bodies(workload, backend), users, seconds)
+    after = cpu.snapshot([server.process(), *server.descendants()])
+    per_request = WORKLOADS[workload]
+    ok_per_s = load.ok / load.seconds
     return Point(
-        system, workload, users,
-        sentences_per_s=ok_rps * per_request, requests_per_s=ok_rps,
-        p50_ms=_number(served["50%"]), p99_ms=_number(served["99%"]),
-        requests=count, failures=failed, shed=shed,
-        loadgen_cpu_share=cpu / (wall * (os.cpu_count() or 1)),
-    )  # fmt: skip
-
-
-def _number(cell: str) -> float:
-    try:
-        return float(cell)
-    except ValueError:  # "N/A": no request completed in the window
-        return float("nan")
+        system,
+        workload,
+        users,
+        repeat,
+        sentences_per_s=ok_per_s * per_request,
+        requests_per_s=ok_per_s,
+        p50_ms=load.p50_ms,
+        p99_ms=load.p99_ms,
+        requests=load.requests,
+        failures=load.failed,
+        shed=load.shed,
+        loadgen_cpu_share=load.loadgen_cpu_s / (load.seconds * loadgen.cores()),
+        cpu_ms_per_request=cpu.per_request(before, after, load.ok),
+    )
 
 
 def drain(url: str, timeout_s: float = 120) -> float:

@@ -109,6 +109,10 @@ class Server:
             f"{self.argv[:3]} not ready on port {self.port} after {timeout_s} s:\n{self.tail()}"
         )
 
+    def process(self) -> psutil.Process:
+        assert self.proc is not None, "not started"
+        return psutil.Process(self.proc.pid)
+
     def descendants(self) -> list[psutil.Process]:
         """The server's live descendants: those in its tree now, and any seen before that are
         still running (``is_running`` compares start times, so a reused PID is not mistaken)."""

@@ -1,156 +1,195 @@
-"""The benchmark's report: ratios to the raw engine and to the other systems, the markdown table,
-the targets and the plots."""
+"""The benchmark's report: points aggregated over repeats (median and spread), ratios to each
+backend's raw limit and to the other systems, per-request CPU, the targets, the table and plots.
+
+    python -m loadtests.report loadtests/results/DATE.json    # regenerate loadtests/README.md's figures
+"""
 
 from __future__ import annotations
 
+import statistics
+import sys
+from collections import defaultdict
+from dataclasses import asdict
 from pathlib import Path
 
+from loadtests.plots import plot
 from loadtests.points import (
     FASTAPI,
+    HANDWRITTEN,
     INT8,
-    MIDDLE,
     NAIVE,
     NOBATCH,
-    OUT,
     STACK,
     SYSTEMS,
-    USERS,
     WORKLOADS,
     Point,
 )
+from loadtests.processes import ROOT
+from loadtests.raw_engine import raw_engine
+from loadtests.targets import targets
+
+__all__ = ["above_raw", "backend_of", "markdown", "plot", "raw_limit", "results", "update_readme"]
+
+README = ROOT / "loadtests" / "README.md"
+BEGIN, END = "<!-- bench:begin -->", "<!-- bench:end -->"
 
 
-def ratios(points: list[Point], raw: float) -> list[dict]:
-    table = {(p.system, p.workload, p.users): p.sentences_per_s for p in points}
-    out = []
-    for workload in WORKLOADS:
-        for users in USERS:
-            stack = table[(STACK, workload, users)]
-            row = {
+def raw_limit(model: str, repeats: int) -> dict:
+    return raw_engine(model, repeats)
+
+
+def backend_of(system: str) -> str:
+    return "int8" if system == INT8 else "fp32"
+
+
+def _median_cpu(rows: list[dict[str, dict[str, float]]]) -> dict[str, dict[str, float]]:
+    names = {name for row in rows for name in row}
+    return {
+        name: {
+            key: round(statistics.median(r[name][key] for r in rows if name in r), 4)
+            for key in ("total_ms", "main_ms", "other_threads_ms")
+        }
+        for name in sorted(names)
+    }
+
+
+def aggregate(points: list[Point]) -> list[dict]:
+    """One row per (system, workload, users): medians over the repeats, and the spread."""
+    groups: dict[tuple[str, str, int], list[Point]] = defaultdict(list)
+    for p in points:
+        groups[(p.system, p.workload, p.users)].append(p)
+    rows = []
+    for (system, workload, users), ps in groups.items():
+        rates = [p.sentences_per_s for p in ps]
+        rows.append(
+            {
+                "system": system,
                 "workload": workload,
                 "users": users,
-                "stack_sentences_per_s": stack,
-                "raw_sentences_per_s": raw,
+                "repeats": len(ps),
+                "sentences_per_s": round(statistics.median(rates), 2),
+                "spread": [round(min(rates), 2), round(max(rates), 2)],
+                "p50_ms": round(statistics.median(p.p50_ms for p in ps), 2),
+                "p99_ms": round(statistics.median(p.p99_ms for p in ps), 2),
+                "failures": sum(p.failures for p in ps),
+                "shed": sum(p.shed for p in ps),
+                "loadgen_cpu_share": round(max(p.loadgen_cpu_share for p in ps), 4),
+                "cpu_ms_per_request": _median_cpu([p.cpu_ms_per_request for p in ps]),
             }
-            row["served_over_raw"] = stack / raw
-            for name, system in (
-                ("vs_fastapi", FASTAPI),
-                ("vs_naive", NAIVE),
-                ("vs_batching_off", NOBATCH),
-            ):
-                other = table.get((system, workload, users))
-                row[name] = stack / other if other else None
-            if (INT8, workload, users) in table:
-                row["int8_over_fp32"] = table[(INT8, workload, users)] / stack
-            out.append(row)
+        )
+    return rows
+
+
+def ratios(rows: list[dict], raw: dict) -> list[dict]:
+    at = {(r["system"], r["workload"], r["users"]): r["sentences_per_s"] for r in rows}
+    out = []
+    for workload, users in sorted({(r["workload"], r["users"]) for r in rows}):
+        stack = at.get((STACK, workload, users))
+        if stack is None:
+            continue
+        row = {"workload": workload, "users": users, "stack_sentences_per_s": stack}
+        row["served_over_raw"] = round(stack / raw["fp32"]["sentences_per_s"], 4)
+        if (int8 := at.get((INT8, workload, users))) is not None:
+            row["int8_served_over_raw"] = round(int8 / raw["int8"]["sentences_per_s"], 4)
+            row["int8_over_fp32"] = round(int8 / stack, 4) if stack else None
+        for name, system in (
+            ("vs_fastapi", FASTAPI),
+            ("vs_naive", NAIVE),
+            ("vs_batching_off", NOBATCH),
+            ("vs_handwritten", HANDWRITTEN),
+        ):
+            other = at.get((system, workload, users))
+            row[name] = round(stack / other, 4) if other else None
+        out.append(row)
     return out
 
 
-def markdown(points: list[Point], rows: list[dict], raw: dict) -> str:
-    lines = [
-        f"Raw engine (fp32, in process, sorted batches of {raw['fp32']['batch_size']}): "
-        f"{raw['fp32']['sentences_per_s']:.0f} sentences/s; int8: {raw['int8']['sentences_per_s']:.0f} "
-        f"({raw['int8']['sentences_per_s'] / raw['fp32']['sentences_per_s']:.2f}x).",
-        "",
-        "| workload | users | system | sentences/s | p50 ms | p99 ms | failures | shed | load-gen CPU | served/raw | stack ÷ this |",
-        "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+def results(points: list[Point], raw: dict, meta: dict) -> dict:
+    rows = aggregate(points)
+    ratio_rows = ratios(rows, raw)
+    return {
+        "meta": meta,
+        "raw": raw,
+        "rows": sorted(
+            rows,
+            key=lambda r: (
+                list(WORKLOADS).index(r["workload"]),
+                r["users"],
+                SYSTEMS.index(r["system"]),
+            ),
+        ),
+        "ratios": ratio_rows,
+        "targets": targets(rows, ratio_rows, meta["users"]),
+        "points": [asdict(p) for p in points],
+    }
+
+
+def above_raw(results: dict) -> list[str]:
+    """Served figures above their backend's raw limit: the limit would be wrong."""
+    return [
+        f"{r['system']} {r['workload']} {r['users']}: {r['sentences_per_s']:.0f} > {results['raw'][backend_of(r['system'])]['sentences_per_s']:.0f}"
+        for r in results["rows"]
+        if r["sentences_per_s"] > results["raw"][backend_of(r["system"])]["sentences_per_s"]
     ]
-    by_key = {(r["workload"], r["users"]): r for r in rows}
-    for p in sorted(
-        points, key=lambda p: (list(WORKLOADS).index(p.workload), p.users, SYSTEMS.index(p.system))
-    ):
-        row = by_key[(p.workload, p.users)]
-        stack = row["stack_sentences_per_s"]
-        if not p.requests:  # nothing completed within the window (latency longer than the point)
-            lines.append(f"| {p.workload} | {p.users} | {p.system} | 0 | — | — | {p.failures} | {p.shed} | "
-                         f"{p.loadgen_cpu_share:.0%} | 0.00 | — |")  # fmt: skip
-            continue
+
+
+def _cpu_cell(row: dict) -> str:
+    cpu = row["cpu_ms_per_request"]
+    parts = [
+        f"{name} {v['main_ms']:.2f}+{v['other_threads_ms']:.2f}"
+        for name, v in cpu.items()
+        if v["total_ms"] >= 0.005
+    ]
+    return "; ".join(parts)
+
+
+def markdown(results: dict) -> str:
+    raw, meta = results["raw"], results["meta"]
+    lines = [
+        f"Raw engine, in process: fp32 {raw['fp32']['sentences_per_s']:.0f} sentences/s (best plan: {raw['fp32']['plan']}), "
+        f"int8 {raw['int8']['sentences_per_s']:.0f} ({raw['int8']['plan']}). {meta['repeats']} repeats of {meta['seconds_per_point']:.0f} s a point, "
+        f"interleaved; medians, with the spread [min, max] of sentences/s.",
+        "",
+        "| workload | users | system | sentences/s [spread] | served/raw | stack ÷ this | p50 ms | p99 ms | failed | shed | CPU ms per request: main + other threads |",
+        "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---|",
+    ]
+    stack_at = {
+        (r["workload"], r["users"]): r["sentences_per_s"]
+        for r in results["rows"]
+        if r["system"] == STACK
+    }
+    for r in results["rows"]:
+        limit = raw[backend_of(r["system"])]["sentences_per_s"]
+        stack = stack_at.get((r["workload"], r["users"]))
+        versus = f"{stack / r['sentences_per_s']:.2f}" if stack and r["sentences_per_s"] else "—"
         lines.append(
-            f"| {p.workload} | {p.users} | {p.system} | {p.sentences_per_s:.0f} | {p.p50_ms:.0f} | {p.p99_ms:.0f} | "
-            f"{p.failures} | {p.shed} | {p.loadgen_cpu_share:.0%} | {p.sentences_per_s / row['raw_sentences_per_s']:.2f} | "
-            f"{stack / p.sentences_per_s if p.sentences_per_s else float('nan'):.2f} |"
+            f"| {r['workload']} | {r['users']} | {r['system']} | {r['sentences_per_s']:.0f} [{r['spread'][0]:.0f}, {r['spread'][1]:.0f}] "
+            f"| {r['sentences_per_s'] / limit:.2f} | {versus} | {r['p50_ms']:.1f} | {r['p99_ms']:.0f} | {r['failures']} | {r['shed']} | {_cpu_cell(r)} |"
         )
+    lines += ["", "| target | met | measured |", "|---|---|---|"]
+    lines += [
+        f"| {t['target']} | {'yes' if t['met'] else '**no**'} | {t['measured']} |"
+        for t in results["targets"]
+    ]
     return "\n".join(lines)
 
 
-def targets(rows: list[dict], points: list[Point]) -> list[tuple[str, bool, str]]:
-    at = {(r["workload"], r["users"]): r for r in rows}
-    # A shed request is a failure to the client that sent it: both count here.
-    failures = sum(p.failures + p.shed for p in points if p.users == MIDDLE and p.system == STACK)
-    int8 = [r["int8_over_fp32"] for r in rows if r.get("int8_over_fp32")]
-    best = {w: max(r["served_over_raw"] for r in rows if r["workload"] == w) for w in WORKLOADS}
-    checks = [
-        ("bulk served/raw >= 0.90 (best point)", best["bulk"] >= 0.90, f"{best['bulk']:.2f}"),
-        ("chat served/raw >= 0.70 (best point)", best["chat"] >= 0.70, f"{best['chat']:.2f}"),
-    ]
-    for w in WORKLOADS:
-        r = at[(w, MIDDLE)]
-        checks.append(
-            (
-                f"{w} at {MIDDLE} users >= 1.75x fastapi",
-                (r["vs_fastapi"] or 0) >= 1.75,
-                f"{r['vs_fastapi']:.2f}x",
-            )
-        )
-        checks.append(
-            (
-                f"{w} at {MIDDLE} users >= 2.5x naive bentoml",
-                (r["vs_naive"] or 0) >= 2.5,
-                f"{r['vs_naive']:.2f}x",
-            )
-        )
-    checks.append((f"stack at {MIDDLE} users: 0 failures", failures == 0, str(failures)))
-    checks.append(
-        (
-            f"int8 >= 1.5x fp32 (served, {MIDDLE} users)",
-            bool(int8) and min(int8) >= 1.5,
-            ", ".join(f"{x:.2f}x" for x in int8),
-        )
+def update_readme(recorded: Path) -> None:
+    """Replace the figures between the markers in loadtests/README.md with those of ``recorded``."""
+    import json
+
+    data = json.loads(recorded.read_text())
+    meta = data["meta"]
+    block = (
+        f"{BEGIN}\n<!-- generated by `make bench` (python -m loadtests.report {recorded.relative_to(ROOT)}); do not edit -->\n"
+        f"### Measured {meta['date'][:10]}, {meta['machine']}, Python {meta['python']}, commit {meta['commit']}\n\n"
+        f"Source: [`{recorded.relative_to(ROOT / 'loadtests')}`]({recorded.relative_to(ROOT / 'loadtests')}); load generator: {meta['load_generator']}.\n\n"
+        f"{markdown(data)}\n{END}"
     )
-    return checks
+    text = README.read_text()
+    start, end = text.index(BEGIN), text.index(END) + len(END)
+    README.write_text(text[:start] + block + text[end:])
 
 
-def plot(points: list[Point], raw: float) -> list[Path]:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    paths = []
-    for workload in WORKLOADS:
-        fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.5))
-        for system in SYSTEMS:
-            series = sorted(
-                (p for p in points if p.system == system and p.workload == workload),
-                key=lambda p: p.users,
-            )
-            if len(series) < 2:
-                continue
-            users = [p.users for p in series]
-            left.plot(users, [p.sentences_per_s for p in series], marker="o", label=system)
-            (line,) = right.plot(
-                users, [p.p50_ms for p in series], marker="o", label=f"{system} p50"
-            )
-            right.plot(
-                users,
-                [p.p99_ms for p in series],
-                marker="x",
-                linestyle="--",
-                color=line.get_color(),
-                label=f"{system} p99",
-            )
-        left.axhline(raw, color="black", linestyle=":", label="raw engine")
-        left.set(
-            title=f"{workload}: throughput", xlabel="users", ylabel="sentences/s", xticks=USERS
-        )
-        right.set(
-            title=f"{workload}: latency", xlabel="users", ylabel="ms", yscale="log", xticks=USERS
-        )
-        left.legend(fontsize=8)
-        right.legend(fontsize=7, ncol=2)
-        fig.tight_layout()
-        path = OUT / f"{workload}.png"
-        fig.savefig(path, dpi=110)
-        plt.close(fig)
-        paths.append(path)
-    return paths
+if __name__ == "__main__":
+    update_readme(Path(sys.argv[1]).resolve())

@@ -6,7 +6,9 @@
    trained, so that /classify and the registry are exercised for real.
 2. **Capacity** of the mix: a closed loop of 8 clients for 10 s, requests/s.
 3. **Soak**: open-loop arrivals at 70 % of that rate, each request drawn from the mix (embed on
-   every backend, similarity, tokenize, inference, classify, tenants/show), for ``--seconds``.
+   every backend, similarity, tokenize, inference, classify, tenants/show and list), for
+   ``--seconds``; beside it, one registry write per sampling interval, in turn on a scratch tenant:
+   train, upload (an archive of the trained tenant, when the store is this process's own), delete.
    Every ``--interval`` seconds each server process (the arbiter and every worker, by PID) reports
    its resident memory and open file descriptors.
 
@@ -33,10 +35,14 @@ import psutil
 
 from loadtests.processes import ROOT, Server, bentoml_serve
 from models import corpus, demo_tenants
+from runners.tenants.store import TenantStore
 
 GROWTH_LIMIT = 0.10
-TENANT = "soak-tenant"
+TENANT, SCRATCH = "soak-tenant", "soak-scratch"
 LOAD_SHARE = 0.7
+# Connections the client keeps: bounded, so that the servers' socket count (open descriptors) does
+# not swing with the jitter of arrivals; a leak of descriptors still shows.
+CONNECTIONS = 32
 
 
 @dataclass
@@ -45,6 +51,7 @@ class Soak:
     rng: random.Random = field(default_factory=lambda: random.Random(5))
     statuses: Counter = field(default_factory=Counter)
     failures: Counter = field(default_factory=Counter)
+    paths: Counter = field(default_factory=Counter)  # requests sent, by endpoint
 
     def __post_init__(self) -> None:
         self.texts = corpus.load_texts()
@@ -52,29 +59,44 @@ class Soak:
         self.client = httpx.AsyncClient(
             base_url=self.url,
             timeout=30,
-            limits=httpx.Limits(max_connections=200, keepalive_expiry=2.0),
+            limits=httpx.Limits(
+                max_connections=CONNECTIONS,
+                max_keepalive_connections=CONNECTIONS,
+                keepalive_expiry=2.0,
+            ),
         )
 
     def request(self) -> tuple[str, dict]:
         """One request of the mix: every public endpoint, each backend."""
         texts = self.rng.sample(self.texts, self.rng.randint(1, 4))
-        kind = self.rng.randrange(8)
+        kind = self.rng.randrange(9)
         if kind < 3:
             return "/embed", {"texts": texts, "backend": ("onnx", "onnx-int8", "tf")[kind]}
         if kind == 3:
             return "/similarity", {"pairs": [texts[:1] * 2, [texts[0], texts[-1]]]}
         if kind == 4:
-            return "/tokenize", {"texts": texts, "tokenizer": self.rng.choice(["minilm", "sentencepiece"])}  # fmt: skip
+            return "/tokenize", {
+                "texts": texts,
+                "tokenizer": self.rng.choice(["minilm", "sentencepiece"]),
+            }
         if kind == 5:
             return "/inference", {"input_text": texts[0]}
         if kind == 6:
             return "/classify", {"tenant": TENANT, "texts": self.rng.sample(self.tenant_texts, 2)}
-        return "/tenants/show", {"tenant": TENANT}
+        if kind == 7:
+            return "/tenants/show", {"tenant": TENANT}
+        return "/tenants/list", {}
 
-    async def one(self) -> None:
-        path, body = self.request()
+    async def one(self, request: tuple[str, dict] | None = None, **files) -> None:
+        path, body = request or self.request()
+        self.paths[path] += 1
         try:
-            resp = await self.client.post(path, json=body)
+            if files:  # a multipart upload
+                resp = await self.client.post(path, data=body, files=files, timeout=120)
+            else:
+                resp = await self.client.post(
+                    path, json=body, timeout=300 if "train" in path else 30
+                )
             self.statuses[resp.status_code] += 1
             if resp.status_code != 200:
                 self.failures[f"{path} {resp.status_code} {resp.text[:80]}"] += 1
@@ -88,6 +110,25 @@ class Soak:
             "/tenants/train", json={"tenant": TENANT, "examples": examples}, timeout=300
         )
         resp.raise_for_status()
+
+    async def registry_writes(self, every_s: float, archive: Path | None) -> None:
+        """Train, upload (when there is an archive) and delete the scratch tenant, in turn."""
+        # every 8th example: the training set is grouped by intent, so this spans all of them
+        examples = [{"text": t, "intent": i} for t, i in demo_tenants.tenant(2).train[::8]]
+        turn = 0
+        while True:
+            await asyncio.sleep(every_s)
+            step = ("train", "upload", "delete")[turn % 3]
+            turn += 1
+            if step == "train":
+                await self.one(("/tenants/train", {"tenant": SCRATCH, "examples": examples}))
+            elif step == "upload" and archive is not None:
+                with archive.open("rb") as fh:
+                    await self.one(
+                        ("/tenants/upload", {"tenant": SCRATCH}), file=("m.tar.gz", fh.read())
+                    )
+            elif step == "delete":
+                await self.one(("/tenants/delete", {"tenant": SCRATCH}))
 
     async def capacity(self, seconds: float = 10, clients: int = 8) -> float:
         stop = time.monotonic() + seconds
@@ -159,15 +200,27 @@ def growth(samples: list[dict], warmup_s: float) -> dict[str, dict[str, float]]:
     return result
 
 
-async def run(url: str, server: Server | None, seconds: float, interval: float) -> dict:
+async def run(
+    url: str, server: Server | None, seconds: float, interval: float, store: Path | None = None
+) -> dict:
+    """``store``: the server's tenant store, when it is ours (the upload then sends an archive of
+    the trained tenant)."""
     soak = Soak(url)
     try:
         await soak.train_tenant()
+        archive = None
+        if store is not None:
+            archive = TenantStore(store).archive(TENANT, Path(tempfile.mkdtemp()) / "soak.tar.gz")
         capacity = await soak.capacity()
+        capacity_failures = dict(soak.failures)
         soak.statuses.clear()
         soak.failures.clear()
+        soak.paths.clear()
         per_s = LOAD_SHARE * capacity
-        print(f"capacity {capacity:.1f} requests/s of the mix; soak at {per_s:.1f}/s for {seconds:.0f} s", flush=True)  # fmt: skip
+        print(
+            f"capacity {capacity:.1f} requests/s of the mix; soak at {per_s:.1f}/s for {seconds:.0f} s",
+            flush=True,
+        )
         samples: list[dict] = []
         started = time.monotonic()
 
@@ -179,9 +232,14 @@ async def run(url: str, server: Server | None, seconds: float, interval: float) 
                 await asyncio.sleep(interval)
 
         watcher = asyncio.create_task(watch())
+        # One registry write per sampling interval: the first, a training, comes before the baseline.
+        writer = asyncio.create_task(soak.registry_writes(interval, archive))
         await soak.open_loop(per_s, seconds)
         watcher.cancel()
-        samples.append({"t": round(time.monotonic() - started, 1), "processes": sample(processes(server))})  # fmt: skip
+        writer.cancel()
+        samples.append(
+            {"t": round(time.monotonic() - started, 1), "processes": sample(processes(server))}
+        )
         warmup_s = max(interval, seconds / 5)
         grown = growth(samples, warmup_s)
         worst = max((v for g in grown.values() for v in g.values()), default=0.0)
@@ -193,12 +251,15 @@ async def run(url: str, server: Server | None, seconds: float, interval: float) 
             "offered_per_s": round(per_s, 2),
             "requests": sum(soak.statuses.values()),
             "statuses": {str(k): v for k, v in sorted(soak.statuses.items())},
+            "by_path": dict(sorted(soak.paths.items())),
             "failures": dict(soak.failures.most_common()),
+            "capacity_failures": capacity_failures,
             "samples": samples,
             "growth_after_warmup": grown,
             "worst_growth": worst,
             # With --url the processes are not ours to sample: only the requests decide then.
             "passed": not soak.failures
+            and not capacity_failures
             and (server is None or (bool(grown) and worst <= GROWTH_LIMIT)),
         }
     finally:
@@ -230,7 +291,9 @@ def render(report: dict) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m loadtests.soak", description=__doc__.splitlines()[0])  # fmt: skip
+    parser = argparse.ArgumentParser(
+        prog="python -m loadtests.soak", description=__doc__.splitlines()[0]
+    )
     parser.add_argument("--seconds", type=float, default=600, help="length of the soak")
     parser.add_argument("--interval", type=float, default=30, help="seconds between samples")
     parser.add_argument("--url", help="an already running stack (its processes are not sampled)")
@@ -242,7 +305,9 @@ def main(argv: list[str] | None = None) -> int:
         with tempfile.TemporaryDirectory() as store:
             env = {"BUNDLE_TENANTS_STORE": store}
             with bentoml_serve(".", ROOT / "build" / "soak" / "stack.log", env=env) as server:
-                report = asyncio.run(run(server.url, server, args.seconds, args.interval))
+                report = asyncio.run(
+                    run(server.url, server, args.seconds, args.interval, Path(store))
+                )
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(report, indent=2))
     print(render(report))

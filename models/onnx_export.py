@@ -1,6 +1,6 @@
 """ONNX exports of MiniLM: fp32, ORT-optimised, and int8 with an accuracy gate.
 
-All three share the contract in ``models.contracts.SENTENCE_EMBEDDING``: int64 ``input_ids``,
+All three share the contract in ``serving.contracts.SENTENCE_EMBEDDING``: int64 ``input_ids``,
 ``attention_mask``, ``token_type_ids`` with dynamic batch and sequence axes, and
 ``sentence_embedding`` [batch, 384], mean-pooled and L2-normalised inside the graph.
 """

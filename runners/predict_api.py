@@ -22,6 +22,9 @@ from serving.batching import Batcher
 from serving.errors import Overloaded
 from serving.protocol import TokenIds
 
+MOUNT = "/v1"  # where the runners mount this app (@bentoml.asgi_app(..., path=MOUNT))
+PREDICT_ROUTE = f"{MOUNT}/models/{{name}}:predict"
+
 Matrix = Annotated[list[list[Annotated[int, Field(ge=0, le=1)]]], Field(min_length=1)]
 
 
@@ -92,7 +95,7 @@ def predict_app(servables: Callable[[], dict[str, Batcher]]) -> Starlette:
             return exc.response()
         return JSONResponse({"outputs": rows.tolist()})
 
-    return Starlette(routes=[Route("/models/{name}:predict", predict, methods=["POST"])])
+    return Starlette(routes=[Route(PREDICT_ROUTE.removeprefix(MOUNT), predict, methods=["POST"])])
 
 
 def current_servables() -> dict[str, Batcher]:

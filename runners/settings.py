@@ -1,5 +1,5 @@
 """Settings every runner has: instances, engine threads and the batching policy (queue limits
-come from ``serving.settings.QueueSettings``).
+come from ``serving.settings.ServiceSettings``).
 
 Each runner subclasses ``RunnerSettings`` with its own env prefix (``BUNDLE_ONNX_``, ``BUNDLE_TF_``…),
 so ``BUNDLE_ONNX_WORKERS=2`` overrides one runner and nothing else.
@@ -11,10 +11,10 @@ from pydantic import Field, model_validator
 
 from serving.batching import Policy
 from serving.batching.grouping import CALL_OVERHEAD_TOKENS
-from serving.settings import QueueSettings, available_cores
+from serving.settings import ServiceSettings, available_cores
 
 
-class RunnerSettings(QueueSettings):
+class RunnerSettings(ServiceSettings):
     workers: int = Field(
         1, ge=1, description="Concurrent instances (worker processes) of this runner."
     )
@@ -67,10 +67,12 @@ class RunnerSettings(QueueSettings):
             call_overhead_tokens=self.call_overhead_tokens,
         )
 
-    def service_config(self) -> dict:
-        """The ``@bentoml.service`` keywords these settings decide."""
+    def service_config(self, hot_routes: list[str]) -> dict:
+        """The ``@bentoml.service`` keywords these settings decide; ``hot_routes``: the runner's APIs,
+        kept out of tracing unless ``trace_requests`` is on."""
         return {
             "workers": self.workers,
+            "tracing": self.tracing(hot_routes),
             "traffic": {"timeout": self.timeout_s},
             # BentoML's caller recycles its connection pool to a dependency after 100 requests or
             # 300 s (read from the *callee's* config), killing calls in flight: a 32-user run lost

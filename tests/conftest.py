@@ -10,6 +10,7 @@ gone. Any that is not is named, killed by PID, and the run fails.
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing.resource_tracker
 from pathlib import Path
 
@@ -44,8 +45,18 @@ def leftover_processes() -> list[psutil.Process]:
     ]
 
 
+def reap_zombies() -> None:
+    """Collect the exit status of dead descendants re-parented here (they are gone, but a zombie
+    entry stays until its parent reaps it)."""
+    for proc in psutil.Process().children():
+        with contextlib.suppress(psutil.Error):
+            if proc.status() == psutil.STATUS_ZOMBIE:
+                proc.wait(0)
+
+
 @pytest.hookimpl(trylast=True)
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    reap_zombies()
     left = leftover_processes()
     if not left:
         return

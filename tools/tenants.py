@@ -45,18 +45,18 @@ def _encode() -> Callable[[Sequence[str]], list[list[int]]]:
     return lambda texts: processor.encode(list(texts))
 
 
-def _build_demo_tenant(root: str, index: int) -> str:
+def _build_demo_tenant(root: str, index: int, epochs: int) -> str:
     """Train and publish one demo tenant (runs in a worker process)."""
     spec = demo_tenants.tenant(index)
     registry.train(
         TenantStore(Path(root)), spec.name, _encode()([t for t, _ in spec.train]), [i for _, i in spec.train],
-        fmt=spec.fmt, dim=spec.dim, seed=index, source="demo", extra_metrics={"demo_seed": float(index)},
+        fmt=spec.fmt, dim=spec.dim, epochs=epochs, seed=index, source="demo", extra_metrics={"demo_seed": float(index)},
     )  # fmt: skip
     return spec.name
 
 
 def build_demo(
-    store: TenantStore, count: int, *, jobs: int = 2, force: bool = False, log=print
+    store: TenantStore, count: int, *, epochs: int, jobs: int = 2, force: bool = False, log=print
 ) -> None:
     """Build demo tenants 1..count; ones already built from the same seed are kept (unless force)."""
     started = time.perf_counter()
@@ -70,7 +70,9 @@ def build_demo(
     )
     # spawn, not fork: TensorFlow's threads do not survive a fork.
     with ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
-        futures = [pool.submit(_build_demo_tenant, str(store.root), index) for index in todo]
+        futures = [
+            pool.submit(_build_demo_tenant, str(store.root), index, epochs) for index in todo
+        ]
         for done, future in enumerate(as_completed(futures), 1):
             future.result()
             if done % 25 == 0 or done == len(todo):
@@ -130,6 +132,7 @@ def main(argv: list[str] | None = None) -> int:
             build_demo(
                 store,
                 args.count,
+                epochs=settings.train_epochs,
                 jobs=args.jobs,
                 force=args.force,
                 log=lambda m: print(m, flush=True),

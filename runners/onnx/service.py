@@ -6,7 +6,7 @@ import bentoml
 
 from runners import embedding
 from runners.onnx.settings import OnnxRunnerSettings
-from runners.predict_api import current_servables, predict_app
+from runners.predict_api import MOUNT, PREDICT_ROUTE, current_servables, predict_app
 from serving import contracts
 from serving.errors import replies_on_error
 from serving.protocol import DeadlineSeconds, EmbedResult, TokenIds, Variant
@@ -14,8 +14,8 @@ from serving.protocol import DeadlineSeconds, EmbedResult, TokenIds, Variant
 SETTINGS = OnnxRunnerSettings()
 
 
-@bentoml.asgi_app(predict_app(current_servables), path="/v1")
-@bentoml.service(name="onnx_runner", **SETTINGS.service_config())
+@bentoml.asgi_app(predict_app(current_servables), path=MOUNT)
+@bentoml.service(name="onnx_runner", **SETTINGS.service_config(["/embed", PREDICT_ROUTE]))
 class OnnxRunner:
     fp32 = bentoml.models.BentoModel(SETTINGS.fp32_model)
     int8 = bentoml.models.BentoModel(SETTINGS.int8_model)

@@ -53,8 +53,8 @@ def train(
     labels: Sequence[str],
     *,
     vocab: int,
-    dim: int = 256,
-    epochs: int = 30,
+    dim: int,
+    epochs: int,
     seed: int = 0,
 ) -> Classifier:
     """Adam on cross-entropy, batches of 32. Deterministic for a given seed."""

@@ -57,7 +57,7 @@ def warm_up_tensorflow() -> None:
         load("warm-up", "0", Path(tmp))
 
 
-@bentoml.service(name="tenant_runner", **SETTINGS.service_config())
+@bentoml.service(name="tenant_runner", **SETTINGS.service_config(["/classify"]))
 class TenantRunner:
     def __init__(self) -> None:
         self.store = TenantStore(SETTINGS.store, keep_versions=SETTINGS.keep_versions)

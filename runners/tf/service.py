@@ -5,7 +5,7 @@ from __future__ import annotations
 import bentoml
 
 from runners import embedding
-from runners.predict_api import current_servables, predict_app
+from runners.predict_api import MOUNT, PREDICT_ROUTE, current_servables, predict_app
 from runners.tf.settings import TFRunnerSettings
 from serving import contracts
 from serving.errors import replies_on_error
@@ -14,8 +14,8 @@ from serving.protocol import DeadlineSeconds, EmbedResult, TokenIds
 SETTINGS = TFRunnerSettings()
 
 
-@bentoml.asgi_app(predict_app(current_servables), path="/v1")
-@bentoml.service(name="tf_runner", **SETTINGS.service_config())
+@bentoml.asgi_app(predict_app(current_servables), path=MOUNT)
+@bentoml.service(name="tf_runner", **SETTINGS.service_config(["/embed", PREDICT_ROUTE]))
 class TFRunner:
     model = bentoml.models.BentoModel(SETTINGS.model)
 

@@ -21,7 +21,7 @@ from typing import Protocol
 
 import numpy as np
 
-from serving.batching import Pending, TokenQueue, deliver
+from serving.batching import Pending, TokenQueue, deliver, fail
 from serving.batching.queue import clock
 
 
@@ -79,9 +79,7 @@ class Coalescer:
             result = await self.client.embed([s for p in batch for s in p.sequences], remaining_s)
         except Exception as exc:  # shed, unavailable, failed: every merged request gets the error
             self.queue.admission.finished(tokens)
-            for pending in batch:
-                if not pending.future.done():
-                    pending.future.set_exception(exc)
+            fail(batch, exc)
         else:
             done = clock()
             # Calls overlap: time since the previous answer (or since sending) is what this one cost.

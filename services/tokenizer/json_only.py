@@ -39,7 +39,7 @@ class JsonOnly:
         if scope["type"] != "http" or scope["method"] != "POST":
             await self.app(scope, receive, send)
             return
-        content_type = dict(scope.get("headers", [])).get(b"content-type", b"")
+        content_type = next((v for k, v in scope["headers"] if k == b"content-type"), b"")
         if scope["path"] not in self.multipart_paths:
             if not _is_json(content_type):
                 await _refuse(send, 415, "unsupported content type: send a JSON body",

@@ -11,6 +11,8 @@ from pathlib import Path
 from typing import Any
 
 import bentoml
+from pydantic import BaseModel
+from starlette.responses import Response
 
 from services.tokenizer.clients import OnnxRunnerClient, TenantRunnerClient, TFRunnerClient
 from services.tokenizer.coalesce import Coalescer, Embedded, EmbeddingClient
@@ -54,6 +56,15 @@ def _runner(url: str | None, service_path: str) -> Any:
     return bentoml.depends(getattr(__import__(module, fromlist=[name]), name))
 
 
+def answer(model: BaseModel) -> Response:
+    """The reply to a hot route, serialised once by pydantic (in Rust) and sent as one body.
+
+    The value is built by this service (``model_construct``: no validation of 384 floats per
+    vector it just computed), and a returned Response skips BentoML's output serialisation and its
+    three-message streaming response; the API's return annotation still documents the schema."""
+    return Response(model.model_dump_json(), media_type="application/json")
+
+
 def coalescers(onnx: Any, tf: Any, settings: TokenizerSettings) -> dict[Backend, Coalescer]:
     """One coalescing queue per backend, each in front of its runner client."""
 
@@ -77,9 +88,14 @@ def coalescers(onnx: Any, tf: Any, settings: TokenizerSettings) -> dict[Backend,
     }
 
 
+# The public API: kept out of tracing unless BUNDLE_TOKENIZER_TRACE_REQUESTS is on.
+HOT_ROUTES = ["/embed", "/similarity", "/tokenize", "/inference", "/classify"]
+
+
 @bentoml.service(
     name="tokenizer",
     workers=SETTINGS.workers,
+    tracing=SETTINGS.tracing(HOT_ROUTES),
     traffic={"timeout": SETTINGS.timeout_s},
     logging={"access": {"enabled": SETTINGS.access_log}},
 )
@@ -127,10 +143,12 @@ class Tokenizer:
     async def embed(self, request: EmbedRequest, /, ctx: bentoml.Context) -> EmbedResponse:
         """Sentence embeddings (384 floats, L2-normalised) for each text, in order."""
         embedded, ids = await self._embed(request.texts, request.backend, ctx)
-        return EmbedResponse(
-            embeddings=embedded.vectors.tolist(),
-            backend=request.backend,
-            tokens=[len(i) for i in ids],
+        return answer(
+            EmbedResponse.model_construct(
+                embeddings=embedded.vectors.tolist(),
+                backend=request.backend,
+                tokens=[len(i) for i in ids],
+            )
         )
 
     @bentoml.api
@@ -149,13 +167,15 @@ class Tokenizer:
         labels = (
             None if request.threshold is None else [int(s >= request.threshold) for s in scores]
         )
-        return SimilarityResponse(scores=scores.tolist(), labels=labels)
+        return answer(SimilarityResponse.model_construct(scores=scores.tolist(), labels=labels))
 
     @bentoml.api
     async def tokenize(self, request: TokenizeRequest, /) -> TokenizeResponse:
         """Token ids per text: MiniLM's WordPiece (default) or the SentencePiece model."""
         encode = self.text.minilm if request.tokenizer == "minilm" else self.text.sentencepiece
-        return TokenizeResponse(ids=await self.text.run(encode, request.texts))
+        return answer(
+            TokenizeResponse.model_construct(ids=await self.text.run(encode, request.texts))
+        )
 
     @bentoml.api
     @replies_on_error
@@ -164,7 +184,7 @@ class Tokenizer:
     ) -> InferenceResponse:
         """One text in, its sentence embedding out: {"input_text": str} -> {"outputs": [float]}."""
         embedded, _ = await self._embed([request.input_text], SETTINGS.default_backend, ctx)
-        return InferenceResponse(outputs=embedded.vectors[0].tolist())
+        return answer(InferenceResponse.model_construct(outputs=embedded.vectors[0].tolist()))
 
     @bentoml.api
     @replies_on_error
@@ -176,7 +196,7 @@ class Tokenizer:
         result = await self.tenants.classify(request.tenant, ids)
         ctx.response.headers["X-Tenant-Cache"] = result.cache
         ctx.response.headers["X-Total-Time"] = f"{(time.perf_counter() - started) * 1000:.2f}"
-        return result
+        return answer(result)
 
     if SETTINGS.admin_enabled:
         # The tenant registry. With admin_enabled off these methods are never defined: the routes

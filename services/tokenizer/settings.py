@@ -7,12 +7,12 @@ from pydantic import Field
 from pydantic_settings import SettingsConfigDict
 
 from serving import contracts
-from serving.settings import QueueSettings
+from serving.settings import ServiceSettings
 
 Backend = Literal["onnx", "onnx-int8", "tf"]
 
 
-class TokenizerSettings(QueueSettings):
+class TokenizerSettings(ServiceSettings):
     """The public tokenizer service. Environment overrides: BUNDLE_TOKENIZER_<FIELD>.
 
     ``max_queue_tokens`` and ``deadline_s`` bound each backend's coalescing queue: time spent here

@@ -4,7 +4,7 @@ planned by length (grouping.py, batcher.py), observed by metrics.py."""
 from serving.batching.admission import Admission
 from serving.batching.batcher import Batcher, Engine, Policy
 from serving.batching.grouping import Group, efficiency, plan
-from serving.batching.queue import Pending, Timing, TokenQueue, deliver
+from serving.batching.queue import Pending, Timing, TokenQueue, deliver, fail
 
 __all__ = [
     "Admission",
@@ -17,5 +17,6 @@ __all__ = [
     "TokenQueue",
     "deliver",
     "efficiency",
+    "fail",
     "plan",
 ]

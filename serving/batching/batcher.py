@@ -21,7 +21,7 @@ import numpy as np
 from serving.batching.admission import Admission
 from serving.batching.grouping import plan
 from serving.batching.metrics import NullRecorder
-from serving.batching.queue import Pending, Timing, TokenQueue, clock, deliver
+from serving.batching.queue import Pending, Timing, TokenQueue, clock, deliver, fail
 from serving.features import Feeds, pad
 
 Engine = Callable[[Feeds], np.ndarray]
@@ -61,17 +61,20 @@ class Batcher:
         executor: Executor | None = None,
         recorder: NullRecorder | None = None,
         pad_id: int = 0,
-        tokens_per_s: float = 10_000.0,
+        tokens_per_s: float | None = None,
     ) -> None:
-        """``tokens_per_s`` seeds the speed estimate used for admission until calls are measured."""
+        """``tokens_per_s`` seeds the speed estimate used for admission until calls are measured
+        (the runners calibrate it at start; default: Admission's)."""
         self.engine = engine
         self.policy = policy
         self.pad_id = pad_id
         self.recorder = recorder or NullRecorder()
         self._executor = executor or ThreadPoolExecutor(max_workers=1, thread_name_prefix="engine")
         admission = Admission(
-            policy.max_queue_tokens, policy.deadline_s, tokens_per_s, on_shed=self.recorder.shed
+            policy.max_queue_tokens, policy.deadline_s, on_shed=self.recorder.shed
         )
+        if tokens_per_s is not None:
+            admission.tokens_per_s = tokens_per_s
         self.queue = TokenQueue(admission, self.recorder)
         self._wakeup = asyncio.Event()
         self._task: asyncio.Task | None = None
@@ -150,9 +153,7 @@ class Batcher:
                     self._executor, self.engine, pad(batch, self.pad_id)
                 )
             except Exception as exc:  # the engine failed: fail this call's requests, keep serving
-                for request, _ in call:
-                    if not request.future.done():
-                        request.future.set_exception(exc)
+                fail([request for request, _ in call], exc)
                 self.admission.finished(real)
                 continue
             done = clock()

@@ -113,6 +113,14 @@ class TokenQueue:
         self.recorder.queue_depth(self.admission.waiting)
 
 
+def fail(requests: Sequence[Pending], exc: BaseException) -> None:
+    """A call that held these requests failed (shed downstream, unavailable, an engine error): each
+    request still waiting gets the error."""
+    for pending in requests:
+        if not pending.future.done():
+            pending.future.set_exception(exc)
+
+
 def deliver(members: Sequence[tuple[Pending, int]], rows: np.ndarray) -> None:
     """Scatter result rows to their requests (``members[i]`` owns ``rows[i]``); answer each request
     whose last row this was. Requests whose caller has gone are skipped."""

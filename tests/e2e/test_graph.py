@@ -223,6 +223,24 @@ def test_a_text_with_no_sentencepiece_pieces_is_still_classified(client: httpx.C
     assert resp.status_code == 200 and len(resp.json()["intents"]) == 2, resp.text
 
 
+@pytest.mark.parametrize(
+    ("path", "body"),
+    [
+        ("/embed", {"texts": ["a"]}),
+        ("/similarity", {"pairs": [["a", "b"]]}),
+        ("/tokenize", {"texts": ["a"]}),
+        ("/inference", {"input_text": "a"}),
+    ],
+)
+def test_hot_routes_answer_in_one_sized_body(client: httpx.Client, path: str, body: dict) -> None:
+    """The lean path: one pre-serialised body with its Content-Length, not a streamed response."""
+    resp = client.post(path, json=body)
+    assert resp.status_code == 200 and resp.headers["content-type"] == "application/json"
+    assert int(resp.headers["content-length"]) == len(resp.content)
+    if path != "/tokenize":  # (no runner call, no timings)
+        assert "X-Total-Time" in resp.headers  # the ctx headers still reach the reply
+
+
 def test_malformed_json_is_a_400(client: httpx.Client) -> None:
     resp = client.post("/embed", content=b"{not json", headers={"content-type": "application/json"})
     assert resp.status_code == 400

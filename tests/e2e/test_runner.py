@@ -25,7 +25,7 @@ def runner() -> Iterator[str]:
         yield server.url
 
 
-def test_tf_serving_predict_shape_strips_padding(runner: str) -> None:
+def test_predict_api_strips_padding(runner: str) -> None:
     padded = {"inputs": {"input_ids": [[*IDS, 0, 0, 0]], "attention_mask": [[1, 1, 1, 1, 0, 0, 0]]}}
     plain = {"inputs": {"input_ids": [IDS]}}
     a = httpx.post(f"{runner}/v1/models/minilm:predict", json=padded)
@@ -37,7 +37,7 @@ def test_tf_serving_predict_shape_strips_padding(runner: str) -> None:
     assert np.dot(int8[0], b.json()["outputs"][0]) > 0.95
 
 
-def test_tf_serving_errors(runner: str) -> None:
+def test_predict_api_errors(runner: str) -> None:
     missing = httpx.post(f"{runner}/v1/models/bert:predict", json={"inputs": {"input_ids": [IDS]}})
     assert missing.status_code == 404 and "bert" in missing.text
     ragged = httpx.post(

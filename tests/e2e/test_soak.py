@@ -16,9 +16,10 @@ from tests.e2e.conftest import log_path
 
 @pytest.fixture(scope="module")
 def report(tmp_path_factory: pytest.TempPathFactory) -> dict:
-    env = {"BUNDLE_TENANTS_STORE": str(tmp_path_factory.mktemp("soak-tenants"))}
+    store = tmp_path_factory.mktemp("soak-tenants")
+    env = {"BUNDLE_TENANTS_STORE": str(store)}
     with bentoml_serve(".", log_path("soak-graph.log"), env=env) as server:
-        result = asyncio.run(soak.run(server.url, server, seconds=60, interval=10))
+        result = asyncio.run(soak.run(server.url, server, seconds=60, interval=10, store=store))
     print(json.dumps({k: v for k, v in result.items() if k != "samples"}, indent=1))
     print(soak.render(result))
     return result
@@ -27,13 +28,28 @@ def report(tmp_path_factory: pytest.TempPathFactory) -> dict:
 def test_no_request_fails(report: dict) -> None:
     assert report["requests"] >= 0.6 * report["offered_per_s"] * report["seconds"], report
     assert report["statuses"].keys() == {"200"}, report["failures"]
+    assert not report["capacity_failures"], report["capacity_failures"]
+
+
+def test_every_endpoint_is_in_the_mix(report: dict) -> None:
+    public = {"/embed", "/similarity", "/tokenize", "/inference", "/classify"}
+    registry = {
+        "/tenants/show",
+        "/tenants/list",
+        "/tenants/train",
+        "/tenants/upload",
+        "/tenants/delete",
+    }
+    assert public | registry <= set(report["by_path"]), report["by_path"]
 
 
 def test_every_server_process_is_watched(report: dict) -> None:
     assert len(report["samples"]) >= 6  # every 10 s over 60 s, and one at the end
-    names = " ".join(report["samples"][-1]["processes"])
-    for service in ("tokenizer", "onnx_runner", "tf_runner", "tenant_runner"):
-        assert service in names, names
+    for sampled in report["samples"]:
+        names = " ".join(sampled["processes"])
+        # the arbiter (bentoml) and the four services' workers, at every sample
+        for process in ("bentoml", "tokenizer", "onnx_runner", "tf_runner", "tenant_runner"):
+            assert process in names, (sampled["t"], names)
 
 
 def test_memory_and_descriptors_do_not_grow_after_warm_up(report: dict) -> None:

@@ -75,8 +75,8 @@ def test_upload_a_new_version_and_classify_with_it(client: httpx.Client, tmp_pat
         "draft",
         spm.encode([t for t, _ in spec.train]),
         [i for _, i in spec.train],
-        vocab=2000,
         dim=128,
+        epochs=30,
     )
     archive = elsewhere.archive("draft", tmp_path / "draft.tar.gz")
     resp = client.post(

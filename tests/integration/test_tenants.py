@@ -12,6 +12,7 @@ from models import demo_tenants as demo
 from models import store
 from runners.tenants import classifier, registry
 from runners.tenants.loader import load
+from runners.tenants.settings import TenantRunnerSettings
 from runners.tenants.store import TenantStore
 from serving import contracts
 from serving.features import pad
@@ -28,7 +29,7 @@ def tenants(tmp_path_factory: pytest.TempPathFactory) -> TenantStore:
         spec = demo.tenant(index)
         registry.train(
             tenant_store, spec.name, SPM.encode([t for t, _ in spec.train]), [i for _, i in spec.train],
-            vocab=SPM.get_piece_size(), fmt=spec.fmt, dim=spec.dim, seed=index, source="demo",
+            vocab=SPM.get_piece_size(), fmt=spec.fmt, dim=spec.dim, epochs=TenantRunnerSettings().train_epochs, seed=index, source="demo",
         )  # fmt: skip
     return tenant_store
 

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from services.tokenizer.coalesce import Coalescer, Embedded
+from services.tokenizer.settings import TokenizerSettings
 from serving.batching import Admission, TokenQueue
 from serving.errors import DeadlineExceeded, QueueFull
 
@@ -37,7 +38,8 @@ def coalescer_for(
     max_tokens: int = 8192,
     admission: Admission | None = None,
 ) -> Coalescer:
-    queue = TokenQueue(admission or Admission(max_queue_tokens=131072, deadline_s=10.0))
+    settings = TokenizerSettings()
+    queue = TokenQueue(admission or Admission(settings.max_queue_tokens, settings.deadline_s))
     return Coalescer(runner, queue, max_inflight=max_inflight, max_tokens=max_tokens)
 
 

@@ -55,3 +55,22 @@ def test_a_wrong_import_breaks_a_layer_contract(tree: Path, module: str, line: s
     proc = lint_imports(tree)
     assert proc.returncode != 0, f"{module}: `{line}` was not caught\n{proc.stdout[-2000:]}"
     assert "BROKEN" in proc.stdout and module.removesuffix(".py").replace("/", ".") in proc.stdout
+
+
+def test_code_repeated_across_the_serving_packages_fails_lint(tree: Path) -> None:
+    """`make lint`'s duplicate-code check: the tree passes, a block copied across the boundary fails."""
+
+    def pylint() -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [str(BIN / "pylint"), "--disable=all", "--enable=duplicate-code",
+             "--min-similarity-lines=6", "--ignore-imports=yes", "--score=no",
+             "serving", "services", "runners"],
+            cwd=tree, capture_output=True, text=True, timeout=300,
+        )  # fmt: skip
+
+    assert pylint().returncode == 0
+    source = (tree / "serving" / "batching" / "admission.py").read_text()
+    block = source[source.index("    def admit(") : source.index("    def expired(")]
+    (tree / "services" / "tokenizer" / "copied.py").write_text(f"class Copied:\n{block}")
+    proc = pylint()
+    assert proc.returncode != 0 and "duplicate-code" in proc.stdout, proc.stdout[-1500:]

@@ -38,7 +38,7 @@ def test_invalid_values_are_refused_with_the_field_named() -> None:
 
 
 def test_runner_service_config_never_recycles_the_callers_connections() -> None:
-    config = OnnxRunnerSettings().service_config()
+    config = OnnxRunnerSettings().service_config(["/embed"])
     # BentoML's default (100 requests, 300 s) closed the caller's session with calls in flight.
     assert config["runner_connection"]["max_requests"] >= 2**31
     assert config["runner_connection"]["max_age"] >= 3600 * 24 * 365

@@ -123,7 +123,7 @@ def test_a_failed_load_is_retried_by_the_next_request() -> None:
     assert asyncio.run(main()).version == "v1"
 
 
-def test_a_request_running_on_the_old_version_finishes_on_it_during_an_upload() -> None:
+def test_a_request_running_on_the_old_version_finishes_on_it_when_a_new_one_loads() -> None:
     """What the runner does on /classify (runners/tenants/service.py): take the model for the current
     version from the cache, submit to its batcher. A new version arriving meanwhile evicts the old
     entry, and the request already submitted is still answered by the old model."""

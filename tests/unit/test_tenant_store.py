@@ -240,6 +240,8 @@ def test_an_upload_killed_at_any_step_leaves_a_complete_version(
         else:
             assert model.labels == ["p", "q"], kill_at
             assert (path / "model.onnx").read_bytes() == new_bytes, kill_at
+    else:
+        pytest.fail(f"the upload took more than {kill_at} filesystem steps: raise the loop's bound")
     print(f"upload killed at each of its {len(killed_at)} filesystem steps: {killed_at}")
     kinds = set(killed_at.values())
     # The crash points were really exercised, extraction's own writes among them.

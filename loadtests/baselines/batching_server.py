@@ -1,0 +1,104 @@
+"""What an expert writes by hand in ~100 lines: one Starlette app on uvicorn (httptools, uvloop),
+ONNX Runtime, and a simple dynamic batcher that sorts by length.
+
+    uvicorn loadtests.baselines.batching_server:app --host 127.0.0.1 --port 8000 \
+        --http httptools --loop uvloop --no-access-log
+
+Requests are tokenized on the event loop and queued; one loop takes everything waiting (up to
+``MAX_ROWS`` sentences), sorts it by length, runs it in sub-batches of ``BATCH`` on the engine
+thread, and answers each request. No admission control, no deadlines, no metrics: the baseline a
+stack has to beat for its features to be worth their cost.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+from collections.abc import AsyncIterator
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from models import store
+from serving import contracts
+from serving.engines.onnx import OnnxEngine
+from serving.features import load_tokenizer, pad, tokenize
+
+MAX_ROWS = 256  # sentences taken per round
+BATCH = 32  # sentences per engine call, after sorting by length
+
+tokenizer = load_tokenizer(store.path_of(contracts.TOKENIZER) / "tokenizer.json")
+engine = OnnxEngine(
+    store.path_of(contracts.ONNX_FP32) / "model.onnx",
+    contracts.SENTENCE_EMBEDDING,
+    threads=2,
+    providers=["CPUExecutionProvider"],
+)
+executor = ThreadPoolExecutor(1)
+queue: asyncio.Queue[tuple[list[list[int]], asyncio.Future]] = asyncio.Queue()
+
+
+def run_sorted(sequences: list[list[int]]) -> np.ndarray:
+    order = sorted(range(len(sequences)), key=lambda i: len(sequences[i]))
+    out = np.empty((len(sequences), contracts.EMBEDDING_DIM), dtype=np.float32)
+    for start in range(0, len(order), BATCH):
+        rows = order[start : start + BATCH]
+        out[rows] = engine(pad([sequences[i] for i in rows]))
+    return out
+
+
+async def batcher() -> None:
+    loop = asyncio.get_running_loop()
+    while True:
+        taken = [await queue.get()]
+        rows = len(taken[0][0])
+        while not queue.empty() and rows < MAX_ROWS:
+            taken.append(queue.get_nowait())
+            rows += len(taken[-1][0])
+        sequences = [seq for ids, _ in taken for seq in ids]
+        try:
+            vectors = await loop.run_in_executor(executor, run_sorted, sequences)
+        except Exception as exc:
+            for _, future in taken:
+                future.set_exception(exc)
+            continue
+        start = 0
+        for ids, future in taken:
+            if not future.done():
+                future.set_result(vectors[start : start + len(ids)])
+            start += len(ids)
+
+
+async def embed(request: Request) -> Response:
+    try:
+        texts = json.loads(await request.body())["texts"]
+        if not texts or not all(isinstance(t, str) for t in texts):
+            raise ValueError
+    except (ValueError, KeyError, TypeError):
+        return JSONResponse({"error": 'send {"texts": [str, ...]}'}, status_code=400)
+    future = asyncio.get_running_loop().create_future()
+    await queue.put((tokenize(tokenizer, texts), future))
+    vectors = await future
+    return Response(json.dumps({"embeddings": vectors.tolist()}), media_type="application/json")
+
+
+async def health(_: Request) -> Response:
+    return JSONResponse({"ok": True})
+
+
+@contextlib.asynccontextmanager
+async def lifespan(_: Starlette) -> AsyncIterator[None]:
+    task = asyncio.get_running_loop().create_task(batcher())
+    yield
+    task.cancel()
+
+
+app = Starlette(
+    routes=[Route("/embed", embed, methods=["POST"]), Route("/health", health)],
+    lifespan=lifespan,
+)

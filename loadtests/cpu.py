@@ -1,0 +1,88 @@
+"""CPU time of a server's processes, per thread, from /proc: what a request costs, process by process.
+
+For every process of a server (the server itself and its descendants, by PID) the CPU seconds of
+its main thread and of all its other threads. In a runner the main thread runs the event loop (HTTP,
+(de)serialisation, batching) and the other threads are the engine (ONNX Runtime's or TensorFlow's
+intra-op threads and the thread that calls it), so "main" is everything but the engine; in the
+tokenizer service nearly all work is on the main thread.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import psutil
+
+TICKS = os.sysconf("SC_CLK_TCK")
+
+
+@dataclass(frozen=True)
+class Usage:
+    main_s: float  # the main thread (tid == pid)
+    other_s: float  # every other thread
+
+
+def _thread_seconds(pid: int, tid: int) -> float:
+    fields = Path(f"/proc/{pid}/task/{tid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / TICKS  # utime + stime
+
+
+def usage(pid: int) -> Usage:
+    main = other = 0.0
+    for entry in os.scandir(f"/proc/{pid}/task"):
+        try:
+            seconds = _thread_seconds(pid, int(entry.name))
+        except (FileNotFoundError, ProcessLookupError):
+            continue  # a thread that ended meanwhile
+        if int(entry.name) == pid:
+            main = seconds
+        else:
+            other += seconds
+    return Usage(main, other)
+
+
+def label(proc: psutil.Process) -> str:
+    """A process's role: the BentoML service it serves, or its program."""
+    try:
+        argv = proc.cmdline()
+    except psutil.Error:
+        return str(proc.pid)
+    named = [argv[i + 1] for i, a in enumerate(argv[:-1]) if a == "--service-name"]
+    if named:
+        return named[0]
+    if any("uvicorn" in a for a in argv[:2]):
+        return "uvicorn"
+    return (
+        "bentoml serve (arbiter)" if any(a.endswith("bentoml") for a in argv[:2]) else proc.name()
+    )
+
+
+def snapshot(processes: list[psutil.Process]) -> dict[int, tuple[str, Usage]]:
+    out = {}
+    for proc in processes:
+        try:
+            out[proc.pid] = (label(proc), usage(proc.pid))
+        except (FileNotFoundError, ProcessLookupError, psutil.Error):
+            continue
+    return out
+
+
+def per_request(
+    before: dict[int, tuple[str, Usage]], after: dict[int, tuple[str, Usage]], requests: int
+) -> dict[str, dict[str, float]]:
+    """CPU milliseconds per request of each process between two snapshots, main thread and other
+    threads apart. Processes with the same role (several workers) are added up."""
+    out: dict[str, dict[str, float]] = {}
+    for pid, (name, end) in after.items():
+        if pid not in before or not requests:
+            continue
+        start = before[pid][1]
+        row = out.setdefault(name, {"total_ms": 0.0, "main_ms": 0.0, "other_threads_ms": 0.0})
+        main = (end.main_s - start.main_s) * 1000 / requests
+        other = (end.other_s - start.other_s) * 1000 / requests
+        row["main_ms"] += main
+        row["other_threads_ms"] += other
+        row["total_ms"] += main + other
+    return {name: {k: round(v, 4) for k, v in row.items()} for name, row in out.items()}

@@ -1,0 +1,112 @@
+"""The benchmark's load generator: wrk (C, from Debian's packages) with a Lua script that sends JSON
+bodies drawn from the project's corpus and counts every status.
+
+Locust costs a real share of two cores at a few hundred requests/s (measured: ~10-20 % of the
+machine at chat rates); wrk's per-request cost is a few microseconds, so the servers get the
+machine. Like Locust's users, wrk's connections are a closed loop: each sends its next request
+when the previous one is answered. Locust stays the tool for the user-facing load runs.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import resource
+import shutil
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from loadtests.processes import ROOT
+from models import corpus
+
+SCRIPT = ROOT / "loadtests" / "wrk" / "bodies.lua"
+BULK = 32
+
+
+@dataclass
+class Load:
+    requests: int  # answered (any status)
+    ok: int  # 200
+    shed: int  # 429 / 503: refused with Retry-After
+    failed: int  # any other status, and socket errors (reset, timeout)
+    seconds: float
+    p50_ms: float
+    p99_ms: float
+    statuses: dict[str, int]
+    loadgen_cpu_s: float  # the load generator's own CPU time over the run
+
+
+def wrk_binary() -> str:
+    found = shutil.which("wrk")
+    if not found:
+        raise SystemExit("error: wrk is not installed: `make tools` installs it (Debian package)")
+    return found
+
+
+def write_bodies(workload: str, out: Path, backend: str = "", count: int = 2000) -> Path:
+    """One JSON body per line: chat sends one corpus text per request, bulk 32."""
+    texts = corpus.load_texts()
+    rng = random.Random(7)
+    extra = {"backend": backend} if backend else {}
+    per = 1 if workload == "chat" else BULK
+    lines = [
+        json.dumps(
+            {"texts": rng.sample(texts, per) if per > 1 else [texts[i % len(texts)]], **extra}
+        )
+        for i in range(count)
+    ]
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text("\n".join(lines) + "\n")
+    return out
+
+
+def run(
+    url: str, path: str, bodies: Path, connections: int, seconds: float, timeout_s: float = 30
+) -> Load:
+    """``connections`` closed-loop clients for ``seconds``; statuses, latency and wrk's own CPU."""
+    argv = [
+        wrk_binary(),
+        "-t1",
+        f"-c{connections}",
+        f"-d{seconds:.0f}s",
+        f"--timeout={timeout_s:.0f}s",
+        "-s",
+        str(SCRIPT),
+        url,
+        "--",
+        path,
+        str(bodies),
+    ]
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    started = time.perf_counter()
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=seconds + timeout_s + 30)
+    wall = time.perf_counter() - started
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
+    if proc.returncode or not lines:
+        raise RuntimeError(
+            f"wrk failed ({proc.returncode}): {proc.stdout[-800:]}{proc.stderr[-800:]}"
+        )
+    out = json.loads(lines[-1])
+    statuses = {str(k): int(v) for k, v in out["statuses"].items()}
+    ok = statuses.get("200", 0)
+    shed = statuses.get("429", 0) + statuses.get("503", 0)
+    answered = sum(statuses.values())
+    return Load(
+        requests=answered,
+        ok=ok,
+        shed=shed,
+        failed=answered - ok - shed + int(out["socket_errors"]),
+        seconds=float(out["seconds"]) or wall,
+        p50_ms=float(out["p50_ms"]),
+        p99_ms=float(out["p99_ms"]),
+        statuses=statuses,
+        loadgen_cpu_s=(after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime),
+    )
+
+
+def cores() -> int:
+    return os.cpu_count() or 1

@@ -1,0 +1,89 @@
+"""The benchmark's targets, each checked on the aggregated rows: met or not, with what was measured."""
+
+from __future__ import annotations
+
+from loadtests.points import FASTAPI, INT8, MIDDLE, STACK
+
+# Per-request CPU targets at the middle point of chat (one sentence per request).
+TOKENIZER_MS, RUNNER_SERVING_MS, LOADGEN_SHARE = 0.3, 0.1, 0.05
+
+
+def _row(rows: list[dict], system: str, workload: str, users: int) -> dict:
+    return next(
+        r for r in rows if (r["system"], r["workload"], r["users"]) == (system, workload, users)
+    )
+
+
+def targets(rows: list[dict], ratio_rows: list[dict], users: list[int]) -> list[dict]:
+    middle = MIDDLE if MIDDLE in users else users[-1]
+    at = {(r["workload"], r["users"]): r for r in ratio_rows}
+    chat, bulk = at[("chat", middle)], at[("bulk", middle)]
+
+    def check(name: str, ok: bool, measured: str) -> dict:
+        return {"target": name, "met": bool(ok), "measured": measured}
+
+    def ge(value: float | None, limit: float) -> bool:
+        return value is not None and value >= limit
+
+    stack_points = [r for r in rows if r["system"] in (STACK, INT8) and r["users"] == middle]
+    failures = sum(r["failures"] + r["shed"] for r in stack_points)
+    chat_cpu = _row(rows, STACK, "chat", middle)["cpu_ms_per_request"]
+    tokenizer_ms = chat_cpu.get("tokenizer", {}).get("total_ms")
+    runner_ms = chat_cpu.get("onnx_runner", {}).get("main_ms")
+    one = min(users)
+    stack_p50 = _row(rows, STACK, "chat", one)["p50_ms"]
+    fastapi_p50 = _row(rows, FASTAPI, "chat", one)["p50_ms"]
+    loadgen = max(r["loadgen_cpu_share"] for r in rows)
+    return [
+        check(
+            f"chat served/raw >= 0.70 ({middle} users)",
+            ge(chat["served_over_raw"], 0.70),
+            f"{chat['served_over_raw']:.2f}",
+        ),
+        check(
+            f"bulk served/raw >= 0.90 ({middle} users)",
+            ge(bulk["served_over_raw"], 0.90),
+            f"{bulk['served_over_raw']:.2f}",
+        ),
+        check(
+            f"chat >= 1.75x fastapi ({middle} users)",
+            ge(chat["vs_fastapi"], 1.75),
+            f"{chat['vs_fastapi']:.2f}x",
+        ),
+        check(
+            f"chat >= 1.0x hand-written batching ({middle} users)",
+            ge(chat["vs_handwritten"], 1.0),
+            f"{chat['vs_handwritten']:.2f}x",
+        ),
+        check(
+            f"bulk >= 2.5x fastapi ({middle} users)",
+            ge(bulk["vs_fastapi"], 2.5),
+            f"{bulk['vs_fastapi']:.2f}x",
+        ),
+        check(
+            f"int8 >= 1.5x fp32 on chat ({middle} users)",
+            ge(chat.get("int8_over_fp32"), 1.5),
+            f"{chat.get('int8_over_fp32') or 0:.2f}x",
+        ),
+        check(f"stack: 0 failed or shed requests ({middle} users)", failures == 0, str(failures)),
+        check(
+            f"one client: stack p50 <= 1.3x fastapi's ({one} user)",
+            stack_p50 <= 1.3 * fastapi_p50,
+            f"{stack_p50:.1f} vs {fastapi_p50:.1f} ms ({stack_p50 / fastapi_p50:.2f}x)",
+        ),
+        check(
+            f"tokenizer CPU <= {TOKENIZER_MS} ms per chat request ({middle} users)",
+            tokenizer_ms is not None and tokenizer_ms <= TOKENIZER_MS,
+            f"{tokenizer_ms} ms",
+        ),
+        check(
+            f"onnx runner non-engine CPU <= {RUNNER_SERVING_MS} ms per chat request ({middle} users)",
+            runner_ms is not None and runner_ms <= RUNNER_SERVING_MS,
+            f"{runner_ms} ms",
+        ),
+        check(
+            f"load generator <= {LOADGEN_SHARE:.0%} of the machine at every point",
+            loadgen <= LOADGEN_SHARE,
+            f"max {loadgen:.1%}",
+        ),
+    ]
