@@ -24,21 +24,14 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from models import store
+from loadtests.baselines import minilm
 from serving import contracts
-from serving.engines.onnx import OnnxEngine
-from serving.features import load_tokenizer, pad, tokenize
+from serving.features import pad, tokenize
 
 MAX_ROWS = 256  # sentences taken per round
 BATCH = 32  # sentences per engine call, after sorting by length
 
-tokenizer = load_tokenizer(store.path_of(contracts.TOKENIZER) / "tokenizer.json")
-engine = OnnxEngine(
-    store.path_of(contracts.ONNX_FP32) / "model.onnx",
-    contracts.SENTENCE_EMBEDDING,
-    threads=2,
-    providers=["CPUExecutionProvider"],
-)
+tokenizer, engine = minilm.load()
 executor = ThreadPoolExecutor(1)
 queue: asyncio.Queue[tuple[list[list[int]], asyncio.Future]] = asyncio.Queue()
 

@@ -10,18 +10,10 @@ import threading
 from fastapi import FastAPI
 from pydantic import BaseModel
 
-from models import store
-from serving import contracts
-from serving.engines.onnx import OnnxEngine
-from serving.features import load_tokenizer, pad, tokenize
+from loadtests.baselines import minilm
+from serving.features import pad, tokenize
 
-tokenizer = load_tokenizer(store.path_of(contracts.TOKENIZER) / "tokenizer.json")
-engine = OnnxEngine(
-    store.path_of(contracts.ONNX_FP32) / "model.onnx",
-    contracts.SENTENCE_EMBEDDING,
-    threads=2,
-    providers=["CPUExecutionProvider"],
-)
+tokenizer, engine = minilm.load()
 lock = threading.Lock()  # one request at a time: the session owns both cores
 app = FastAPI()
 
