@@ -10,7 +10,8 @@ system:
 - naive bentoml: ``batchable=True`` on ``list[list[int]]``, padded to the longest;
 - hand-written batching: one Starlette process with a length-sorting dynamic batcher.
 Every server runs for the whole benchmark and the points are interleaved: for each repeat, each
-workload and user count, every system in turn, so a noisy minute is shared by all. Each point
+workload and user count, every system in turn, so a noisy minute is shared by all; before each
+point every server is drained. Each point
 records, per server process, the CPU it spent per request (cpu.py). Medians and spreads over the
 repeats make the table. Writes build/bench/results.json, results.md and a PNG per workload; a full
 run (not quick) also records loadtests/results/DATE.json and regenerates the figures of
@@ -50,6 +51,9 @@ from loadtests.points import (
 from loadtests.processes import BIN, ROOT, Server, bentoml_serve, free_port
 
 RESULTS = ROOT / "loadtests" / "results"
+# Bulk points run longer: at 64 users a one-request-at-a-time server answers a bulk request in
+# ~11 s, so a 10 s point would complete none (seen in the first full run).
+BULK_LONGER = 3
 
 
 def uvicorn(app: str, log: Path) -> Server:
@@ -137,9 +141,13 @@ def main(argv: list[str] | None = None) -> int:
                 for users in USERS:
                     for system in SYSTEMS:
                         server = running[STACK if system == INT8 else system]
-                        drain(server.url)
+                        # Every server, not only this one: a server still working off the
+                        # backlog of its own last point would take the cores from this one.
+                        for other in running.values():
+                            drain(other.url)
                         backend = "onnx-int8" if system == INT8 else ""
-                        p = point(server, system, workload, users, args.seconds, repeat, backend)
+                        seconds = args.seconds * (BULK_LONGER if workload == "bulk" else 1)
+                        p = point(server, system, workload, users, seconds, repeat, backend)
                         points.append(p)
                         print(
                             f"  [{repeat + 1}/{args.repeats}] {system:<22} {workload:<5} {users:>3} users: "
