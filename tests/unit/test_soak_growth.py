@@ -1,18 +1,31 @@
-"""How the soak judges growth: per process, after warm-up, a restart counting as unbounded."""
+"""How the soak judges growth: per process, after warm-up, the last third of the samples against
+the first third; a restart counts as unbounded."""
 
 from __future__ import annotations
 
 from loadtests import soak
 
 
-def test_growth_is_measured_against_the_first_sample_after_warm_up() -> None:
-    samples = [
-        {"t": 0, "processes": {"1 w": {"rss_mb": 100.0, "fds": 10}}},
-        {"t": 20, "processes": {"1 w": {"rss_mb": 200.0, "fds": 20}}},  # the baseline
-        {"t": 30, "processes": {"1 w": {"rss_mb": 230.0, "fds": 20}}},
-        {"t": 40, "processes": {"2 w": {"rss_mb": 200.0, "fds": 20}}},  # 1 gone, 2 new: restarted
+def series(values: list[tuple[float, int]], start: int = 20, key: str = "1 w") -> list[dict]:
+    return [
+        {"t": start + 10 * i, "processes": {key: {"rss_mb": rss, "fds": fds}}}
+        for i, (rss, fds) in enumerate(values)
     ]
-    grown = soak.growth(samples, warmup_s=20)
+
+
+def test_steady_growth_after_warm_up_shows() -> None:
+    warm_up = [{"t": 0, "processes": {"1 w": {"rss_mb": 50.0, "fds": 5}}}]  # ignored
+    leak = series([(100, 10), (110, 10), (120, 11), (130, 11), (140, 12), (150, 12)])
+    grown = soak.growth(warm_up + leak, warmup_s=20)
+    assert grown == {"1 w": {"rss_mb": 0.381, "fds": 0.2}}  # 145 / 105 - 1, 12 / 10 - 1
+
+
+def test_a_count_that_swings_with_the_load_is_not_growth() -> None:
+    swinging = series([(100, 47), (100, 60), (100, 55), (100, 48), (100, 59), (100, 47)])
+    assert soak.growth(swinging, warmup_s=20) == {"1 w": {"rss_mb": 0.0, "fds": -0.0093}}
+
+
+def test_a_process_that_restarts_is_unbounded_growth() -> None:
+    restarted = series([(100, 10), (100, 10)]) + series([(100, 10)], start=40, key="2 w")
+    grown = soak.growth(restarted, warmup_s=20)
     assert grown["1 w"]["rss_mb"] == float("inf") and grown["2 w"]["fds"] == float("inf")
-    grown = soak.growth(samples[:3], warmup_s=20)
-    assert grown == {"1 w": {"rss_mb": 0.15, "fds": 0.0}}
