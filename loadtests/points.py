@@ -32,7 +32,6 @@ STACK, INT8, NOBATCH, FASTAPI, NAIVE, HANDWRITTEN = (
     "hand-written batching",
 )
 SYSTEMS = (STACK, INT8, NOBATCH, FASTAPI, NAIVE, HANDWRITTEN)
-BACKEND_OF = {INT8: "int8"}  # every other system serves the fp32 model
 
 
 @dataclass

@@ -25,17 +25,12 @@ from loadtests.points import (
     Point,
 )
 from loadtests.processes import ROOT
-from loadtests.raw_engine import raw_engine
 from loadtests.targets import targets
 
-__all__ = ["above_raw", "backend_of", "markdown", "plot", "raw_limit", "results", "update_readme"]
+__all__ = ["above_raw", "backend_of", "markdown", "plot", "results", "update_readme"]
 
 README = ROOT / "loadtests" / "README.md"
 BEGIN, END = "<!-- bench:begin -->", "<!-- bench:end -->"
-
-
-def raw_limit(model: str, repeats: int) -> dict:
-    return raw_engine(model, repeats)
 
 
 def backend_of(system: str) -> str:
