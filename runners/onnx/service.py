@@ -4,18 +4,20 @@ from __future__ import annotations
 
 import bentoml
 
-from runners import embedding
+from runners import embedding, tf_serving
 from runners.onnx.settings import OnnxRunnerSettings
-from runners.predict_api import MOUNT, PREDICT_ROUTE, current_servables, predict_app
 from serving import contracts
 from serving.errors import replies_on_error
 from serving.protocol import DeadlineSeconds, EmbedResult, TokenIds, Variant
 
 SETTINGS = OnnxRunnerSettings()
+# TF Serving names for the same models (POST /v1/models/{name}:predict) → variant.
+SERVABLES = {"minilm": "fp32", "minilm-int8": "int8"}
 
 
-@bentoml.asgi_app(predict_app(current_servables), path=MOUNT)
-@bentoml.service(name="onnx_runner", **SETTINGS.service_config(["/embed", PREDICT_ROUTE]))
+@bentoml.service(
+    name="onnx_runner", **SETTINGS.service_config(["/embed", *tf_serving.PREDICT_ROUTES])
+)
 class OnnxRunner:
     fp32 = bentoml.models.BentoModel(SETTINGS.fp32_model)
     int8 = bentoml.models.BentoModel(SETTINGS.int8_model)
@@ -34,8 +36,7 @@ class OnnxRunner:
             for variant, ref in (("fp32", self.fp32), ("int8", self.int8))
         }
         self.batchers = embedding.batchers("onnx_runner", engines, SETTINGS.policy)
-        # TF Serving names for the same models (POST /v1/models/{name}:predict).
-        self.servables = {"minilm": self.batchers["fp32"], "minilm-int8": self.batchers["int8"]}
+        self.servables = {name: self.batchers[v] for name, v in SERVABLES.items()}
 
     @bentoml.api
     @replies_on_error
@@ -50,3 +51,6 @@ class OnnxRunner:
 
         ``deadline_s``: what is left of the caller's deadline (default: this runner's own)."""
         return await embedding.embed(self.batchers[variant], ids, ctx, deadline_s)
+
+
+tf_serving.install(OnnxRunner, list(SERVABLES), contracts.SENTENCE_EMBEDDING)

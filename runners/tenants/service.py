@@ -21,6 +21,7 @@ from runners.tenants.settings import TenantRunnerSettings
 from runners.tenants.store import TenantStore
 from serving.batching import Batcher
 from serving.batching.metrics import Recorder
+from serving.error_bodies import ConformingErrors
 from serving.errors import replies_on_error
 from serving.protocol import (
     Classified,
@@ -168,3 +169,6 @@ class TenantRunner:
     async def stats(self) -> dict[str, float]:
         """Cache figures of this worker: loaded models, bytes against budget, hits, misses, evictions."""
         return dict(vars(self.cache.stats))
+
+
+TenantRunner.add_asgi_middleware(ConformingErrors)

@@ -4,18 +4,19 @@ from __future__ import annotations
 
 import bentoml
 
-from runners import embedding
-from runners.predict_api import MOUNT, PREDICT_ROUTE, current_servables, predict_app
+from runners import embedding, tf_serving
 from runners.tf.settings import TFRunnerSettings
 from serving import contracts
 from serving.errors import replies_on_error
 from serving.protocol import DeadlineSeconds, EmbedResult, TokenIds
 
 SETTINGS = TFRunnerSettings()
+SERVABLES = {"minilm": "tf"}  # TF Serving's name for the model (POST /v1/models/minilm:predict)
 
 
-@bentoml.asgi_app(predict_app(current_servables), path=MOUNT)
-@bentoml.service(name="tf_runner", **SETTINGS.service_config(["/embed", PREDICT_ROUTE]))
+@bentoml.service(
+    name="tf_runner", **SETTINGS.service_config(["/embed", *tf_serving.PREDICT_ROUTES])
+)
 class TFRunner:
     model = bentoml.models.BentoModel(SETTINGS.model)
 
@@ -29,7 +30,7 @@ class TFRunner:
             name=str(self.model.tag),
         )
         self.batchers = embedding.batchers("tf_runner", {"tf": engine}, SETTINGS.policy)
-        self.servables = {"minilm": self.batchers["tf"]}
+        self.servables = {name: self.batchers[v] for name, v in SERVABLES.items()}
 
     @bentoml.api
     @replies_on_error
@@ -40,3 +41,6 @@ class TFRunner:
 
         ``deadline_s``: what is left of the caller's deadline (default: this runner's own)."""
         return await embedding.embed(self.batchers["tf"], ids, ctx, deadline_s)
+
+
+tf_serving.install(TFRunner, list(SERVABLES), contracts.SENTENCE_EMBEDDING)

@@ -63,6 +63,8 @@ async def _call(runner: str, send: Callable[[], Awaitable[Any]]) -> Any:
         except BentoMLException as exc:
             status, body = int(exc.error_code), _body(str(exc))
             reason = str(body.get("error", str(exc)[:200]))
+            if body.get("detail"):  # a validation error: the fields and reasons, not the summary
+                reason = f"{reason}: {body['detail']}"
             if status in (429, 503):
                 retry_after = float(body.get("retry_after", 1))
                 raise Overloaded(status, retry_after, f"{runner}: {reason}") from exc

@@ -30,13 +30,24 @@ def _is_multipart(content_type: bytes) -> bool:
 
 
 class JsonOnly:
-    def __init__(self, app: Any, multipart_paths: frozenset[str] = frozenset()) -> None:
-        """``multipart_paths``: the routes that take multipart bodies (the upload, when served)."""
+    def __init__(
+        self,
+        app: Any,
+        multipart_paths: frozenset[str] = frozenset(),
+        skip_prefix: str | None = None,
+    ) -> None:
+        """``multipart_paths``: the routes that take multipart bodies (the upload, when served).
+        ``skip_prefix``: routes that check their own content type (OpenAI's, in OpenAI's shape)."""
         self.app = app
         self.multipart_paths = multipart_paths
+        self.skip_prefix = skip_prefix
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
-        if scope["type"] != "http" or scope["method"] != "POST":
+        if (
+            scope["type"] != "http"
+            or scope["method"] != "POST"
+            or (self.skip_prefix is not None and scope["path"].startswith(self.skip_prefix))
+        ):
             await self.app(scope, receive, send)
             return
         content_type = next((v for k, v in scope["headers"] if k == b"content-type"), b"")

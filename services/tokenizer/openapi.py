@@ -1,50 +1,54 @@
-"""The public OpenAPI document, corrected where BentoML's generator leaves it short of the API.
+"""The public OpenAPI document, completed where BentoML's generator leaves it short of the API.
 
-BentoML 1.4.39 generates ``/docs.json`` from the service's signatures, but declares no request body
-as required, although every JSON endpoint refuses a request without one (415: no content type; 400:
-no body). Clients and schema-driven tools (the fuzzing tests among them) read such a request as
-valid. ``refine`` marks each body required; ``OpenApiDocs`` applies it to ``GET /docs.json`` only
-(the one response it touches; every other request passes straight through).
+BentoML 1.4.39 generates ``/docs.json`` from the service's signatures, but
+- declares no request body as required, although every JSON endpoint refuses a request without one
+  (415: no content type; 400: no body): clients and schema-driven tools (the fuzzing tests among
+  them) read such a request as valid;
+- documents its own APIs only, not the OpenAI routes mounted beside them;
+- gives no request examples, so the Swagger UI's "Try it out" sends ``{"texts": ["string"]}``.
+``refine`` marks each body required, adds OpenAI's routes and a realistic example per endpoint;
+the service applies it to ``GET /docs.json`` (serving/openapi_docs.py).
 """
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
-DOCS_PATH = "/docs.json"
+from services.tokenizer.openai_api import EMBEDDINGS_PATH, MODELS, openapi_paths
+
+_TEXTS = ["How do I reset my password?", "Where is my order?"]
+_TRAINING = [
+    {"text": "where is my order", "intent": "order_status"},
+    {"text": "has my parcel shipped", "intent": "order_status"},
+    {"text": "hello there", "intent": "greeting"},
+    {"text": "good morning", "intent": "greeting"},
+]
+# What "Try it out" sends on each endpoint: requests a user would send, valid as they are.
+EXAMPLES: dict[str, dict[str, Any]] = {
+    "/embed": {"texts": _TEXTS, "backend": "onnx", "encoding": "float"},
+    "/similarity": {
+        "pairs": [["A man is eating food.", "A man is eating a piece of bread."]],
+        "threshold": 0.5,
+    },
+    "/tokenize": {"texts": ["Hello, world!"], "tokenizer": "minilm"},
+    "/inference": {"input_text": "How do I reset my password?"},
+    "/classify": {"tenant": "acme", "texts": ["where is my parcel", "hello"]},
+    "/tenants/train": {"tenant": "acme", "examples": _TRAINING, "format": "onnx"},
+    "/tenants/list": {},
+    "/tenants/show": {"tenant": "acme"},
+    "/tenants/delete": {"tenant": "acme"},
+    EMBEDDINGS_PATH: {"input": _TEXTS, "model": next(iter(MODELS)), "encoding_format": "float"},
+}
 
 
 def refine(spec: dict[str, Any]) -> dict[str, Any]:
-    for item in spec.get("paths", {}).values():
+    paths = spec.setdefault("paths", {})
+    paths.update(openapi_paths())
+    for path, item in paths.items():
         for operation in item.values():
             if isinstance(operation, dict) and "requestBody" in operation:
                 operation["requestBody"]["required"] = True
+                if path in EXAMPLES:
+                    for media in operation["requestBody"].get("content", {}).values():
+                        media["example"] = EXAMPLES[path]
     return spec
-
-
-class OpenApiDocs:
-    def __init__(self, app: Any) -> None:
-        self.app = app
-
-    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
-        if scope["type"] != "http" or scope["path"] != DOCS_PATH:
-            await self.app(scope, receive, send)
-            return
-        start: dict[str, Any] = {}
-        chunks: list[bytes] = []
-
-        async def hold(message: dict[str, Any]) -> None:
-            if message["type"] == "http.response.start":
-                start.update(message)
-            elif message["type"] == "http.response.body":
-                chunks.append(message.get("body", b""))
-
-        await self.app(scope, receive, hold)
-        body = b"".join(chunks)
-        if start.get("status") == 200:
-            body = json.dumps(refine(json.loads(body))).encode()
-        headers = [(k, v) for k, v in start.get("headers", []) if k.lower() != b"content-length"]
-        headers.append((b"content-length", str(len(body)).encode()))
-        await send({**start, "headers": headers})
-        await send({"type": "http.response.body", "body": body})

@@ -17,6 +17,7 @@ from pydantic import (
 )
 
 from services.tokenizer.settings import SETTINGS, Backend
+from services.tokenizer.vectors import Encoding
 
 # A text to embed must say something: empty or blank strings are refused, not embedded as [CLS][SEP].
 # "Something" is a character that is white space in no regex dialect: `\S` differs between the
@@ -40,11 +41,17 @@ class EmbedRequest(Request):
         min_length=1, max_length=SETTINGS.max_texts, description="Texts to embed."
     )
     backend: Backend = Field("onnx", description="onnx (fp32), onnx-int8, or tf.")
+    encoding: Encoding = Field(
+        "float",
+        description="float: lists of numbers; base64: each vector's little-endian float32 bytes, "
+        "base64-encoded (a third of the bytes; numpy.frombuffer(base64.b64decode(v), '<f4')).",
+    )
 
 
 class EmbedResponse(BaseModel):
-    embeddings: list[list[float]] = Field(
-        description="One L2-normalised 384-float vector per text, in order."
+    embeddings: list[list[float]] | list[str] = Field(
+        description="One L2-normalised 384-float vector per text, in order (base64 strings when "
+        "asked)."
     )
     backend: Backend
     tokens: list[int] = Field(

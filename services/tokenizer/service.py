@@ -11,15 +11,17 @@ from pathlib import Path
 from typing import Any
 
 import bentoml
+import numpy as np
 from pydantic import BaseModel
 from starlette.responses import Response
 
 from services.tokenizer.clients import OnnxRunnerClient, TenantRunnerClient, TFRunnerClient
-from services.tokenizer.coalesce import Coalescer, Embedded, EmbeddingClient
-from services.tokenizer.error_bodies import ConformingErrors
+from services.tokenizer.coalesce import Coalescer, EmbeddingClient
 from services.tokenizer.json_only import UPLOAD_PATH, JsonOnly
 from services.tokenizer.keys import TenantKeys
-from services.tokenizer.openapi import OpenApiDocs
+from services.tokenizer.openai_api import EMBEDDINGS_PATH, openai_app
+from services.tokenizer.openai_api import MOUNT as OPENAI_MOUNT
+from services.tokenizer.openapi import refine
 from services.tokenizer.schemas import (
     ClassifyRequest,
     EmbedRequest,
@@ -35,10 +37,13 @@ from services.tokenizer.schemas import (
     TrainRequest,
 )
 from services.tokenizer.settings import SETTINGS, Backend, TokenizerSettings
+from services.tokenizer.vectors import encode
 from serving.batching import Admission, TokenQueue
 from serving.batching.metrics import Recorder
+from serving.error_bodies import ConformingErrors
 from serving.errors import replies_on_error
 from serving.features import cosine
+from serving.openapi_docs import OpenApiDocs
 from serving.protocol import Classified, Deleted, Registered, TenantInfo, timing_headers
 from serving.tenant_names import check_name
 
@@ -89,9 +94,14 @@ def coalescers(onnx: Any, tf: Any, settings: TokenizerSettings) -> dict[Backend,
 
 
 # The public API: kept out of tracing unless BUNDLE_TOKENIZER_TRACE_REQUESTS is on.
-HOT_ROUTES = ["/embed", "/similarity", "/tokenize", "/inference", "/classify"]
+HOT_ROUTES = ["/embed", "/similarity", "/tokenize", "/inference", "/classify", EMBEDDINGS_PATH]
 
 
+def current_service() -> Any:
+    return bentoml.get_current_service()
+
+
+@bentoml.asgi_app(openai_app(current_service), path=OPENAI_MOUNT)
 @bentoml.service(
     name="tokenizer",
     workers=SETTINGS.workers,
@@ -122,32 +132,40 @@ class Tokenizer:
         self.keys.require(check_name(name), ctx.request.headers.get("authorization"))
         return name
 
-    async def _embed(
-        self, texts: list[str], backend: Backend, ctx: bentoml.Context
-    ) -> tuple[Embedded, list[list[int]]]:
+    async def embed_texts(
+        self, texts: list[str], backend: Backend
+    ) -> tuple[np.ndarray, list[int], dict[str, str]]:
+        """Tokenize, embed through the backend's coalescing queue: vectors (rows in order), tokens
+        per text, timing headers. Every embedding route (ours and OpenAI's) comes through here."""
         started = time.perf_counter()
         ids = await self.text.run(self.text.minilm, texts)
         tokenized = time.perf_counter()
         embedded = await self.backends[backend].embed(ids)
-        ctx.response.headers.update(
-            {
-                "X-Tokenization-Time": f"{(tokenized - started) * 1000:.2f}",
-                **timing_headers(embedded.queue_ms, embedded.inference_ms),
-                "X-Total-Time": f"{(time.perf_counter() - started) * 1000:.2f}",
-            }
-        )
-        return embedded, ids
+        headers = {
+            "X-Tokenization-Time": f"{(tokenized - started) * 1000:.2f}",
+            **timing_headers(embedded.queue_ms, embedded.inference_ms),
+            "X-Total-Time": f"{(time.perf_counter() - started) * 1000:.2f}",
+        }
+        return embedded.vectors, [len(i) for i in ids], headers
+
+    async def _embed(
+        self, texts: list[str], backend: Backend, ctx: bentoml.Context
+    ) -> tuple[np.ndarray, list[int]]:
+        vectors, tokens, headers = await self.embed_texts(texts, backend)
+        ctx.response.headers.update(headers)
+        return vectors, tokens
 
     @bentoml.api
     @replies_on_error
     async def embed(self, request: EmbedRequest, /, ctx: bentoml.Context) -> EmbedResponse:
-        """Sentence embeddings (384 floats, L2-normalised) for each text, in order."""
-        embedded, ids = await self._embed(request.texts, request.backend, ctx)
+        """Sentence embeddings (384 floats, L2-normalised) for each text, in order; with
+        "encoding": "base64", each as its little-endian float32 bytes in base64 (a third the size)."""
+        vectors, tokens = await self._embed(request.texts, request.backend, ctx)
         return answer(
             EmbedResponse.model_construct(
-                embeddings=embedded.vectors.tolist(),
+                embeddings=encode(vectors, request.encoding),
                 backend=request.backend,
-                tokens=[len(i) for i in ids],
+                tokens=tokens,
             )
         )
 
@@ -158,11 +176,11 @@ class Tokenizer:
     ) -> SimilarityResponse:
         """Cosine similarity of each pair (STS-style); with a threshold, 0/1 labels too."""
         texts = list(dict.fromkeys(t for pair in request.pairs for t in pair))
-        embedded, _ = await self._embed(texts, request.backend, ctx)
+        vectors, _ = await self._embed(texts, request.backend, ctx)
         index = {t: i for i, t in enumerate(texts)}
         scores = cosine(
-            embedded.vectors[[index[p[0]] for p in request.pairs]],
-            embedded.vectors[[index[p[1]] for p in request.pairs]],
+            vectors[[index[p[0]] for p in request.pairs]],
+            vectors[[index[p[1]] for p in request.pairs]],
         )
         labels = (
             None if request.threshold is None else [int(s >= request.threshold) for s in scores]
@@ -172,9 +190,9 @@ class Tokenizer:
     @bentoml.api
     async def tokenize(self, request: TokenizeRequest, /) -> TokenizeResponse:
         """Token ids per text: MiniLM's WordPiece (default) or the SentencePiece model."""
-        encode = self.text.minilm if request.tokenizer == "minilm" else self.text.sentencepiece
+        encoder = self.text.minilm if request.tokenizer == "minilm" else self.text.sentencepiece
         return answer(
-            TokenizeResponse.model_construct(ids=await self.text.run(encode, request.texts))
+            TokenizeResponse.model_construct(ids=await self.text.run(encoder, request.texts))
         )
 
     @bentoml.api
@@ -183,8 +201,8 @@ class Tokenizer:
         self, request: InferenceRequest, /, ctx: bentoml.Context
     ) -> InferenceResponse:
         """One text in, its sentence embedding out: {"input_text": str} -> {"outputs": [float]}."""
-        embedded, _ = await self._embed([request.input_text], SETTINGS.default_backend, ctx)
-        return answer(InferenceResponse.model_construct(outputs=embedded.vectors[0].tolist()))
+        vectors, _ = await self._embed([request.input_text], SETTINGS.default_backend, ctx)
+        return answer(InferenceResponse.model_construct(outputs=vectors[0].tolist()))
 
     @bentoml.api
     @replies_on_error
@@ -242,8 +260,11 @@ class Tokenizer:
             return await self.tenants.delete(self._tenant(request.tenant, ctx))
 
 
-Tokenizer.add_asgi_middleware(ConformingErrors)
+# OpenAI's routes (under /v1) answer in OpenAI's error shape: these two leave them alone.
+Tokenizer.add_asgi_middleware(ConformingErrors, skip_prefix=OPENAI_MOUNT + "/")
 Tokenizer.add_asgi_middleware(
-    JsonOnly, multipart_paths=frozenset({UPLOAD_PATH} if SETTINGS.admin_enabled else ())
+    JsonOnly,
+    multipart_paths=frozenset({UPLOAD_PATH} if SETTINGS.admin_enabled else ()),
+    skip_prefix=OPENAI_MOUNT + "/",
 )
-Tokenizer.add_asgi_middleware(OpenApiDocs)
+Tokenizer.add_asgi_middleware(OpenApiDocs, refine=refine)

@@ -1,4 +1,4 @@
-"""A runner on its own (as in one container per service): TF Serving's predict shape, shedding."""
+"""A runner on its own (as in one container per service): TF Serving's REST API, shedding."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from loadtests.processes import bentoml_serve
+from serving import contracts
 from tests.e2e.conftest import log_path
 
 IDS = [101, 7592, 2088, 102]  # [CLS] hello world [SEP]
@@ -51,6 +52,99 @@ def test_predict_api_errors(runner: str) -> None:
     assert out_of_vocab.status_code == 400
 
 
+# A TF Serving client as written for a TF Serving deployment, unchanged but for where it points.
+TF_SERVING_CLIENT = """
+import requests
+import random
+
+BATCH_SIZE = 4
+SEQUENCE_LENGTH = 128
+
+input_ids = [[random.randrange(1, 1000) for _ in range(SEQUENCE_LENGTH)] for _ in range(BATCH_SIZE)]
+attention_mask = [[1.0] * SEQUENCE_LENGTH for _ in range(BATCH_SIZE)]
+
+payload = {"inputs": {"input_ids": input_ids, "attention_mask": attention_mask}}
+response = requests.post("http://localhost:8501/v1/models/model:predict", json=payload)
+"""
+
+
+def test_a_tf_serving_client_runs_unchanged(runner: str) -> None:
+    code = TF_SERVING_CLIENT.replace("http://localhost:8501", runner).replace("/model:", "/minilm:")
+    scope: dict = {}
+    exec(code, scope)  # the client's own code, as its users run it
+    response = scope["response"]
+    assert response.status_code == 200, response.text
+    assert np.array(response.json()["outputs"]).shape == (4, 384)
+    # Same numbers through the runner's own API.
+    own = httpx.post(f"{runner}/embed", json={"ids": scope["input_ids"]}).json()["embeddings"]
+    np.testing.assert_allclose(response.json()["outputs"], own, atol=1e-6)
+
+
+def test_rows_and_columns_give_the_same_numbers(runner: str) -> None:
+    seqs = [IDS, [101, 2023, 2003, 1037, 3231, 102]]
+    columns = httpx.post(f"{runner}/v1/models/minilm:predict", json={"inputs": {"input_ids": seqs}})
+    rows = httpx.post(
+        f"{runner}/v1/models/minilm:predict",
+        json={
+            "signature_name": "serving_default",
+            "instances": [{"input_ids": s, "attention_mask": [1] * len(s)} for s in seqs],
+        },
+    )
+    assert columns.status_code == rows.status_code == 200, rows.text
+    assert list(rows.json()) == ["predictions"] and list(columns.json()) == ["outputs"]
+    np.testing.assert_allclose(rows.json()["predictions"], columns.json()["outputs"], atol=1e-6)
+    for path in ("/versions/1", "/labels/stable"):
+        same = httpx.post(
+            f"{runner}/v1/models/minilm{path}:predict", json={"inputs": {"input_ids": seqs}}
+        )
+        np.testing.assert_allclose(same.json()["outputs"], columns.json()["outputs"], atol=1e-6)
+
+
+def test_status_and_metadata_match_the_contract(runner: str) -> None:
+    for path in ("", "/versions/1", "/labels/stable"):
+        status = httpx.get(f"{runner}/v1/models/minilm-int8{path}")
+        assert status.status_code == 200, status.text
+        [version] = status.json()["model_version_status"]
+        assert version["version"] == "1" and version["state"] == "AVAILABLE"
+    meta = httpx.get(f"{runner}/v1/models/minilm/metadata").json()
+    assert meta["model_spec"] == {"name": "minilm", "signature_name": "", "version": "1"}
+    signature = meta["metadata"]["signature_def"]["signature_def"]["serving_default"]
+    dtypes = {"int64": "DT_INT64", "float32": "DT_FLOAT"}
+    for kind, specs in (("inputs", contracts.SENTENCE_EMBEDDING.inputs), ("outputs", contracts.SENTENCE_EMBEDDING.outputs)):  # fmt: skip
+        assert sorted(signature[kind]) == sorted(s.name for s in specs)
+        for spec in specs:
+            tensor = signature[kind][spec.name]
+            assert tensor["dtype"] == dtypes[spec.dtype]
+            sizes = [int(d["size"]) for d in tensor["tensor_shape"]["dim"]]
+            assert sizes == [-1 if d is None else d for d in spec.shape]
+    assert sizes == [-1, 384]
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "body", "status", "says"),
+    [
+        ("post", "/v1/models/minilm:predict", {"inputs": {"input_idz": [IDS]}}, 400, "input_idz"),
+        ("post", "/v1/models/minilm:predict", {"instances": [{"mask": IDS}]}, 400, "mask"),
+        ("post", "/v1/models/minilm:predict", {"instances": [IDS]}, 400, "plain list"),
+        ("post", "/v1/models/minilm:predict", {"inputs": {"input_ids": [IDS]}, "instances": []}, 400, "only one"),
+        ("post", "/v1/models/minilm:predict", {}, 400, "Missing 'inputs' or 'instances'"),
+        ("post", "/v1/models/minilm:predict", {"signature_name": "x", "inputs": {"input_ids": [IDS]}}, 400, '"x"'),
+        ("post", "/v1/models/minilm/versions/2:predict", {"inputs": {"input_ids": [IDS]}}, 404, "Specific(minilm, 2)"),
+        ("post", "/v1/models/minilm/labels/canary:predict", {"inputs": {"input_ids": [IDS]}}, 400, "canary"),
+        ("get", "/v1/models/bert", None, 404, "bert"),
+        ("get", "/v1/models/minilm/versions/7", None, 404, "version 7"),
+        ("get", "/v1/models/bert/metadata", None, 404, "Latest(bert)"),
+        ("get", "/v1/models/minilm/other/thing", None, 400, "Malformed request"),
+    ],
+)  # fmt: skip
+def test_tf_serving_errors_say_what_is_wrong(
+    runner: str, method: str, path: str, body: dict | None, status: int, says: str
+) -> None:
+    reply = httpx.request(method, f"{runner}{path}", json=body)
+    assert reply.status_code == status, reply.text
+    assert list(reply.json()) == ["error"] and says in reply.json()["error"], reply.text
+
+
 def test_runner_embed_api_checks_token_ids(runner: str) -> None:
     ok = httpx.post(f"{runner}/embed", json={"ids": [IDS], "variant": "fp32"})
     assert ok.status_code == 200, ok.text
@@ -64,6 +158,8 @@ def test_runner_embed_api_checks_token_ids(runner: str) -> None:
     ):
         resp = httpx.post(f"{runner}/embed", json=bad)
         assert resp.status_code == 400, (bad, resp.text)
+        # One error format on every service: a string naming the field, no internal class names.
+        assert isinstance(resp.json()["detail"], str) and "validation error for" not in resp.text
 
 
 def test_overload_is_shed_with_retry_after_and_the_runner_recovers(runner: str) -> None:

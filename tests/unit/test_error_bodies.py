@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import json
 
-from services.tokenizer.error_bodies import conform
 from services.tokenizer.json_only import _is_json
+from serving.error_bodies import conform
 
 
 def test_validation_details_become_one_string_naming_the_fields() -> None:
@@ -17,10 +17,20 @@ def test_validation_details_become_one_string_naming_the_fields() -> None:
         ],
     }
     out = json.loads(conform(json.dumps(body).encode()))
-    assert out["error"] == body["error"]
+    assert out["error"] == "invalid request: 2 problems (see detail)"
     assert out["detail"] == (
         "texts.0: String should have at least 1 character; backend: Input should be 'onnx'"
     )
+
+
+def test_no_internal_class_name_reaches_the_client() -> None:
+    # What BentoML sent for a body that is not an object, before the rewrite.
+    body = {"error": "1 validation error for EmbedRequestIODescriptor",
+            "detail": ": Input should be an object"}  # fmt: skip
+    out = json.loads(conform(json.dumps(body).encode()))
+    assert out == {"error": "invalid request: 1 problem (see detail)",
+                   "detail": "body: Input should be an object"}  # fmt: skip
+    assert "IODescriptor" not in json.dumps(out)
 
 
 def test_a_list_wrapped_error_becomes_the_object() -> None:
