@@ -19,10 +19,10 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Callable
-from typing import Any
+from typing import Annotated, Any
 
 import bentoml
-from pydantic import TypeAdapter, ValidationError
+from pydantic import Field, TypeAdapter, ValidationError
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse
@@ -54,8 +54,10 @@ _URL = re.compile(
 _DTYPES = {"int64": "DT_INT64", "int32": "DT_INT32", "float32": "DT_FLOAT"}
 # The same limits as the runner's own API (vocabulary, sequence length, sequences per call).
 _validate_ids = TypeAdapter(TokenIds).validate_python
-# Any input's shape: rows of integers (a mask's 1.0 is a 1, as TF Serving clients send it).
+# The ids' shape: rows of integers; then the limits, on the sequences with padding stripped.
 _validate_rows = TypeAdapter(list[list[int]]).validate_python
+# A mask, or MiniLM's token types: rows of 0/1 (a mask's 1.0 is a 1, as TF Serving clients send it).
+_validate_flags = TypeAdapter(list[list[Annotated[int, Field(ge=0, le=1)]]]).validate_python
 
 
 class Refused(Exception):
@@ -110,7 +112,7 @@ def sequences(body: Any, contract: Contract) -> tuple[str, list[list[int]]]:
     ids = _checked(_validate_rows, columns["input_ids"], form, "input_ids")
     for name in ("attention_mask", "token_type_ids"):
         if name in columns:
-            other = _checked(_validate_rows, columns[name], form, name)
+            other = _checked(_validate_flags, columns[name], form, name)
             if [len(r) for r in other] != [len(r) for r in ids]:
                 raise Refused(400, f"{form}: {name} must have the same shape as input_ids")
     if "attention_mask" in columns:

@@ -55,10 +55,11 @@ class EmbeddingsRequest(BaseModel):
     encoding_format: Encoding = Field(
         "float", description="base64: each vector as little-endian float32 bytes, base64-encoded."
     )
-    dimensions: int | None = Field(
-        None, description=f"Output size; MiniLM's vectors have {EMBEDDING_DIM} dimensions only."
+    dimensions: int = Field(
+        EMBEDDING_DIM,
+        description=f"Output size; MiniLM's vectors have {EMBEDDING_DIM} dimensions only.",
     )
-    user: str | None = Field(None, description="Accepted and ignored.")
+    user: str = Field("", description="Accepted and ignored.")
 
     def texts(self) -> list[str]:
         return [self.input] if isinstance(self.input, str) else self.input
@@ -135,7 +136,7 @@ def parse(body: bytes) -> EmbeddingsRequest:
         raise _refusal(exc) from None
     if request.model not in MODELS:
         raise unknown_model(request.model)
-    if request.dimensions is not None and request.dimensions != EMBEDDING_DIM:
+    if request.dimensions != EMBEDDING_DIM:
         raise OpenAIError(
             400,
             f"dimensions: {request.model} has {EMBEDDING_DIM} dimensions; "
@@ -163,8 +164,7 @@ def openapi_paths() -> dict[str, Any]:
     clients (and the fuzzing tests) know what is valid."""
     request = EmbeddingsRequest.model_json_schema()
     request["properties"]["model"]["enum"] = list(MODELS)
-    request["properties"]["dimensions"] = {"type": "integer", "enum": [EMBEDDING_DIM]}
-    request["properties"]["user"] = {"type": "string", "description": "Accepted and ignored."}
+    request["properties"]["dimensions"]["enum"] = [EMBEDDING_DIM]
     string = {"type": "string"}
     error = _object(
         error=_object(

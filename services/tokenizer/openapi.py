@@ -5,8 +5,10 @@ BentoML 1.4.39 generates ``/docs.json`` from the service's signatures, but
   (415: no content type; 400: no body): clients and schema-driven tools (the fuzzing tests among
   them) read such a request as valid;
 - documents its own APIs only, not the OpenAI routes mounted beside them;
-- gives no request examples, so the Swagger UI's "Try it out" sends ``{"texts": ["string"]}``.
-``refine`` marks each body required, adds OpenAI's routes and a realistic example per endpoint;
+- gives no request examples, so the Swagger UI's "Try it out" sends ``{"texts": ["string"]}``;
+- keeps the first branch of a union only: ``/embed``'s vectors are float lists *or* base64 strings.
+``refine`` marks each body required, restores the unions, adds OpenAI's routes and a realistic
+example per endpoint;
 the service applies it to ``GET /docs.json`` (serving/openapi_docs.py).
 """
 
@@ -14,7 +16,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from pydantic import BaseModel
+
 from services.tokenizer.openai_api import EMBEDDINGS_PATH, MODELS, openapi_paths
+from services.tokenizer.schemas import EmbedResponse
 
 _TEXTS = ["How do I reset my password?", "Where is my order?"]
 _TRAINING = [
@@ -41,8 +46,19 @@ EXAMPLES: dict[str, dict[str, Any]] = {
 }
 
 
+# Answers with a union field, restored from the model (path → the response's model).
+UNION_ANSWERS: dict[str, type[BaseModel]] = {"/embed": EmbedResponse}
+
+
 def refine(spec: dict[str, Any]) -> dict[str, Any]:
     paths = spec.setdefault("paths", {})
+    for path, model in UNION_ANSWERS.items():
+        if path in paths:
+            wanted = model.model_json_schema()["properties"]
+            ok = paths[path]["post"]["responses"]["200"]["content"]["application/json"]["schema"]
+            for name, field in wanted.items():
+                if "anyOf" in field:
+                    ok["properties"][name] = field
     paths.update(openapi_paths())
     for path, item in paths.items():
         for operation in item.values():

@@ -1,10 +1,12 @@
-"""The README's curl examples, run against the real graph."""
+"""The README's examples, run against the real graph: every curl command and every Python client
+block (a TF Serving block, aimed at a runner's own port, runs in test_runner.py)."""
 
 from __future__ import annotations
 
 import json
 import re
 import subprocess
+import sys
 
 from loadtests.processes import ROOT
 
@@ -20,9 +22,34 @@ def curl_commands() -> list[str]:
     return commands
 
 
+def python_blocks(port: int) -> list[str]:
+    """The README's Python blocks aimed at ``localhost:PORT``."""
+    return [b for b in re.findall(r"```python\n(.*?)```", README, re.S) if f"localhost:{port}" in b]
+
+
+def run_python_block(block: str, url: str, port: int) -> str:
+    """Run a README block as a user would (its own process), aimed at ``url``; its output."""
+    code = block.replace(f"http://localhost:{port}", url)
+    proc = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd="/tmp"
+    )
+    assert proc.returncode == 0, (block, proc.stderr[-2000:])
+    # Each block prints what it got and says in a comment what that should be.
+    expected = re.search(r"# (.+)\s*$", block.strip()).group(1)
+    assert proc.stdout.strip() == expected, (block, proc.stdout)
+    return proc.stdout
+
+
+def test_readme_python_clients_work(graph: str) -> None:
+    blocks = python_blocks(3000)
+    assert len(blocks) == 2  # the openai SDK, bentoml.SyncHTTPClient
+    for block in blocks:
+        run_python_block(block, graph, 3000)
+
+
 def test_readme_curl_examples_work(graph: str) -> None:
     commands = curl_commands()
-    assert len(commands) == 6
+    assert len(commands) == 8
     port = graph.rsplit(":", 1)[1]
     for command in commands:
         command = command.replace("localhost:3000", f"127.0.0.1:{port}").replace(

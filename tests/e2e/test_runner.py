@@ -12,6 +12,7 @@ import pytest
 from loadtests.processes import bentoml_serve
 from serving import contracts
 from tests.e2e.conftest import log_path
+from tests.e2e.test_readme_examples import python_blocks, run_python_block
 
 IDS = [101, 7592, 2088, 102]  # [CLS] hello world [SEP]
 
@@ -78,6 +79,11 @@ def test_a_tf_serving_client_runs_unchanged(runner: str) -> None:
     # Same numbers through the runner's own API.
     own = httpx.post(f"{runner}/embed", json={"ids": scope["input_ids"]}).json()["embeddings"]
     np.testing.assert_allclose(response.json()["outputs"], own, atol=1e-6)
+
+
+def test_the_readmes_tf_serving_example_works(runner: str) -> None:
+    [block] = python_blocks(3001)
+    run_python_block(block, runner, 3001)
 
 
 def test_rows_and_columns_give_the_same_numbers(runner: str) -> None:
