@@ -22,7 +22,10 @@ ENGINE := deploy/engine/engine.sh
 DOCKER_PATH := /usr/bin:/usr/sbin:$(PATH)
 BASE_IMAGE_CMD := $(if $(BASE_IMAGE),PATH=$(DOCKER_PATH) deploy/engine/base-image.sh $(BASE_IMAGE),true)
 IMAGES_CMD := PATH=$(DOCKER_PATH) BASE_IMAGE=$(BASE_IMAGE) $(PY) deploy/bentos.py images \
-	--tag $(IMAGE_TAG) --only tokenizer,onnx-runner,tf-runner,tenant-runner
+	--tag $(IMAGE_TAG) --only tokenizer,onnx-runner,tf-runner,tenant-runner \
+	&& PATH=$(DOCKER_PATH) docker build -q --build-arg BASE_IMAGE=$(or $(BASE_IMAGE),debian:bookworm) \
+	  -t bento-bundle/prometheus:$(IMAGE_TAG) deploy/prometheus >/dev/null \
+	&& echo "image bento-bundle/prometheus:$(IMAGE_TAG) built (deploy/prometheus)"
 
 .PHONY: help install wrk tools models parity bench chaos soak tenants tenant-figures serve test lint format clean \
 	bentos engine engine-stop base-image images test-containers
@@ -44,7 +47,16 @@ wrk: ## The benchmark's load generator (Debian package), if missing
 	@command -v wrk >/dev/null || { echo "installing wrk (Debian package) …"; \
 	  $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -q wrk >/dev/null; }
 
-tools: wrk ## System tools: wrk, docker-compose (deploy checks), Debian's; kubectl (must be present)
+# promtool checks the Prometheus rules in `make test`: Debian's package unpacked here, not installed
+# (installing it would set up and start a Prometheus server on this machine).
+PROMTOOL := build/tools/prometheus/usr/bin/promtool
+$(PROMTOOL):
+	@echo "fetching promtool (Debian's prometheus package, unpacked under build/tools) …"
+	@mkdir -p build/tools/prometheus && cd build/tools && rm -f prometheus_*.deb && apt-get download -q prometheus >/dev/null 2>&1 \
+	  && dpkg -x prometheus_*.deb prometheus && rm -f prometheus_*.deb
+	@$(PROMTOOL) --version >/dev/null
+
+tools: wrk $(PROMTOOL) ## System tools: wrk, docker-compose (deploy checks), promtool, Debian's; kubectl (must be present)
 	@command -v docker-compose >/dev/null || { echo "installing docker-compose (Debian package) …"; \
 	  $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -q docker-compose >/dev/null; }
 	@command -v kubectl >/dev/null || { echo "error: kubectl not found: install it (it renders deploy/k8s offline)"; exit 1; }
@@ -74,7 +86,7 @@ serve: models ## Serve the whole graph on $(HOST):$(PORT) (Swagger UI at /)
 	$(BENTOML) serve . --host $(HOST) --port $(PORT)
 
 test: models tools ## Run every test (unit, integration, end to end)
-	$(PY) -m pytest
+	PROMTOOL=$(PROMTOOL) $(PY) -m pytest
 
 bentos: models ## Build a bento per service and the whole-graph bento (bentoml build, locking on)
 	$(PY) deploy/bentos.py build
@@ -88,7 +100,7 @@ engine-stop: ## Stop the Docker engine `make engine` started (by PID), and clean
 base-image: engine ## Local Debian base image for containerize, where no registry is reachable
 	$(BASE_IMAGE_CMD)
 
-images: models base-image ## bentoml containerize each bento (IMAGE_TAG, BASE_IMAGE)
+images: models base-image ## bentoml containerize each bento, and the Prometheus image (IMAGE_TAG, BASE_IMAGE)
 	$(IMAGES_CMD)
 
 # One shell line, so that the engine this target started is stopped whatever fails before.

@@ -1,5 +1,6 @@
 """The compose stack from real images (`make test-containers`): smoke, a headless Locust run with 0
-failures, a runner restarted and the stack serving again, tenant models kept across re-creation.
+failures, Prometheus scraping every service with its rules evaluating, a runner restarted and the
+stack serving again, tenant models kept across re-creation.
 
 Needs a running Docker engine and the images (`make images`); the make target provides both and
 stops what it started. Without an engine these tests fail, they do not skip.
@@ -56,6 +57,7 @@ def stack() -> Iterator[tuple[httpx.Client, dict[str, str]]]:
         "PATH": f"/usr/bin:{os.environ['PATH']}",
         "IMAGE_TAG": os.environ.get("IMAGE_TAG", "latest"),
         "TOKENIZER_PORT": str(free_port()),
+        "PROMETHEUS_PORT": str(free_port()),
         "ADMIN_ENABLED": "true",  # the test trains a tenant through the public service
     }
     subprocess.run(["docker", "info"], env=env, capture_output=True, check=True)
@@ -74,11 +76,12 @@ def stack() -> Iterator[tuple[httpx.Client, dict[str, str]]]:
         compose("down", "-v", "--remove-orphans", env=env)
 
 
-def test_only_the_tokenizer_is_published(stack) -> None:
+def test_only_the_tokenizer_and_prometheus_are_published(stack) -> None:
     _, env = stack
     ports = compose("ps", env=env)
     assert f"127.0.0.1:{env['TOKENIZER_PORT']}->3000/tcp" in ports
-    assert ports.count("->") == 1, ports
+    assert f"127.0.0.1:{env['PROMETHEUS_PORT']}->9090/tcp" in ports
+    assert ports.count("->") == 2, ports
 
 
 def test_smoke_embed_similarity_tokenize(stack) -> None:
@@ -114,6 +117,46 @@ def test_headless_locust_has_no_failures(stack) -> None:
     )
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     assert int(total["Request Count"]) > 50 and int(total["Failure Count"]) == 0
+
+
+JOBS = {"tokenizer": "tokenizer", "onnx-runner": "onnx_runner", "tf-runner": "tf_runner",
+        "tenant-runner": "tenant_runner"}  # fmt: skip
+# Recorded series the traffic above must have produced (tenant classify requests included).
+RECORDED = [
+    "runner_name:bentoml_service_request:rate5m",
+    "runner_name:bentoml_service_request_duration_seconds:p99_rate5m",
+    "runner_model:bundle_padding_efficiency:mean_rate5m",
+    "job:bundle_tenant_cache_hits:ratio_rate5m",
+]
+
+
+def test_prometheus_scrapes_every_service_and_its_rules_evaluate(stack) -> None:
+    """After the Locust run: a series for every service's requests, every target up, every
+    recording rule healthy and the main ones holding values."""
+    _, env = stack
+    prometheus = httpx.Client(base_url=f"http://127.0.0.1:{env['PROMETHEUS_PORT']}", timeout=10)
+
+    def query(expr: str) -> list[dict]:
+        reply = prometheus.get("/api/v1/query", params={"query": expr})
+        assert reply.status_code == 200, reply.text
+        return reply.json()["data"]["result"]
+
+    deadline = time.monotonic() + 90  # a few scrape and evaluation rounds (5 s each)
+    while True:
+        missing = [
+            job for job in JOBS if not query(f'bentoml_service_request_total{{job="{job}"}}')
+        ] + [name for name in RECORDED if not query(name)]
+        if not missing or time.monotonic() > deadline:
+            break
+        time.sleep(5)
+    assert not missing, missing
+    served = {r["metric"]["runner_name"] for r in query(RECORDED[0])}
+    assert set(JOBS.values()) <= served, served
+    targets = prometheus.get("/api/v1/targets").json()["data"]["activeTargets"]
+    assert {t["labels"]["job"] for t in targets if t["health"] == "up"} >= set(JOBS)
+    groups = prometheus.get("/api/v1/rules").json()["data"]["groups"]
+    rules = [rule for group in groups for rule in group["rules"]]
+    assert len(rules) == 19 and all(rule["health"] == "ok" for rule in rules), rules
 
 
 def test_a_restarted_runner_serves_again(stack) -> None:

@@ -48,10 +48,12 @@ def test_compose_file_passes_docker_compose_config() -> None:
     proc = compose_config(COMPOSE)
     assert proc.returncode == 0, proc.stderr
     services = yaml.safe_load(proc.stdout)["services"]
-    assert set(services) == BENTOS | {"tenant-store-init"}  # a one-shot chown of the volume
+    # A one-shot chown of the volume, and Prometheus.
+    assert set(services) == BENTOS | {"tenant-store-init", "prometheus"}
     published = {name for name, s in services.items() if s.get("ports")}
-    assert published == {"tokenizer"}  # the runners speak pickle: never published
-    assert str(services["tokenizer"]["ports"][0]).startswith("127.0.0.1:")  # loopback unless asked
+    assert published == {"tokenizer", "prometheus"}  # the runners speak pickle: never published
+    for name in published:  # loopback unless asked
+        assert str(services[name]["ports"][0]).startswith("127.0.0.1:"), name
     for name, service in ((n, services[n]) for n in BENTOS):
         assert "readyz" in " ".join(service["healthcheck"]["test"]), name
         assert service["restart"] == "unless-stopped", name
@@ -108,6 +110,19 @@ def test_the_cli_validator_agrees(tmp_path: Path) -> None:
     cli = Path(sys.executable).parent / "kubernetes-validate"
     proc = subprocess.run([str(cli), "--strict", "--quiet", str(rendered)], capture_output=True)
     assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+@pytest.mark.parametrize("kustomization", KUSTOMIZATIONS)
+def test_every_pod_is_annotated_for_prometheus(kustomization: str) -> None:
+    deployments = [r for r in render(kustomization) if r["kind"] == "Deployment"]
+    assert deployments
+    for deployment in deployments:
+        annotations = deployment["spec"]["template"]["metadata"]["annotations"]
+        assert annotations == {
+            "prometheus.io/scrape": "true",
+            "prometheus.io/port": "3000",
+            "prometheus.io/path": "/metrics",
+        }, deployment["metadata"]["name"]
 
 
 def test_every_deployment_has_probes_resources_and_a_budget() -> None:

@@ -1,0 +1,60 @@
+"""The Prometheus configuration in deploy/prometheus/: valid for Prometheus 2.42 (Debian's, what the
+image runs), every service scraped, and the rules computing what they say on synthetic series."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+import yaml
+
+from loadtests.processes import ROOT
+
+HERE = ROOT / "deploy" / "prometheus"
+RULES = sorted((HERE / "rules").glob("*.yml"))
+
+
+def promtool(*args: str, cwd: Path = HERE) -> str:
+    path = Path(os.environ.get("PROMTOOL", ROOT / "build/tools/prometheus/usr/bin/promtool"))
+    assert path.exists(), f"{path} missing: `make tools` fetches it"
+    proc = subprocess.run([str(path), *args], cwd=cwd, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return proc.stdout + proc.stderr
+
+
+def test_rule_files_pass_promtool_check_rules() -> None:
+    out = promtool("check", "rules", *map(str, RULES))
+    assert out.count("SUCCESS") == len(RULES) == 2, out
+
+
+def test_the_rules_compute_what_they_say_and_the_alerts_fire() -> None:
+    """rules_test.yml: rates without the probes, p50, batch efficiency, shed share, tenant hit rate;
+    shedding, error-rate and target-down alerts with their summaries."""
+    assert "SUCCESS" in promtool("test", "rules", "rules_test.yml")
+
+
+def test_a_wrong_rule_fails_the_check(tmp_path: Path) -> None:
+    broken = tmp_path / "broken.yml"
+    broken.write_text("groups: [{name: x, rules: [{record: a, expr: 'rate(b[5m]'}]}]\n")
+    path = os.environ.get("PROMTOOL", str(ROOT / "build/tools/prometheus/usr/bin/promtool"))
+    proc = subprocess.run([path, "check", "rules", str(broken)], capture_output=True, text=True)
+    assert proc.returncode != 0
+
+
+def test_the_config_is_valid_and_scrapes_every_service() -> None:
+    config = yaml.safe_load((HERE / "prometheus.yml").read_text())
+    jobs = {job["job_name"]: job for job in config["scrape_configs"]}
+    compose = yaml.safe_load((ROOT / "deploy" / "compose" / "docker-compose.yml").read_text())
+    services = {"tokenizer", "onnx-runner", "tf-runner", "tenant-runner"}
+    assert services <= set(compose["services"])
+    for service in services:
+        assert jobs[service]["static_configs"][0]["targets"] == [f"{service}:3000"]
+    # The config names the rules where the image puts them; checked here against a copy that
+    # points at the files in the tree.
+    config["rule_files"] = [str(r) for r in RULES]
+    checked = HERE.parent.parent / "build" / "prometheus-check.yml"
+    checked.parent.mkdir(exist_ok=True)
+    checked.write_text(yaml.safe_dump(config))
+    out = promtool("check", "config", str(checked))
+    assert "SUCCESS" in out and "16 rules found" in out and "3 rules found" in out, out
