@@ -9,6 +9,8 @@ system:
 - fastapi: a FastAPI + ONNX Runtime server answering one request at a time;
 - naive bentoml: ``batchable=True`` on ``list[list[int]]``, padded to the longest;
 - hand-written batching: one Starlette process with a length-sorting dynamic batcher.
+Then the stack on bulk at 64 users with vectors as JSON floats and as base64 ("encoding"): what
+base64 saves in CPU per request and bytes on the wire.
 Every server runs for the whole benchmark and the points are interleaved: for each repeat, each
 workload and user count, every system in turn, so a noisy minute is shared by all; before each
 point every server is drained. Each point
@@ -33,9 +35,11 @@ from pathlib import Path
 
 from loadtests import report
 from loadtests.points import (
+    ENCODINGS,
     FASTAPI,
     HANDWRITTEN,
     INT8,
+    MIDDLE,
     NAIVE,
     NOBATCH,
     OUT,
@@ -45,8 +49,10 @@ from loadtests.points import (
     USERS,
     WORKLOADS,
     Point,
+    bodies,
     drain,
     point,
+    response_bytes,
 )
 from loadtests.processes import BIN, ROOT, Server, bentoml_serve, free_port
 from loadtests.raw_engine import raw_engine
@@ -133,6 +139,7 @@ def main(argv: list[str] | None = None) -> int:
         flush=True,
     )
     points: list[Point] = []
+    wire: list[Point] = []
     running = servers()
     with contextlib.ExitStack() as stack:
         for server in running.values():
@@ -156,9 +163,26 @@ def main(argv: list[str] | None = None) -> int:
                             f"{p.failures} failed, {p.shed} shed, load-gen CPU {p.loadgen_cpu_share:.1%}",
                             flush=True,
                         )
+        # base64 against JSON floats, on the stack's bulk answers (interleaved repeats too).
+        for repeat in range(args.repeats):
+            for encoding in ENCODINGS:
+                for other in running.values():
+                    drain(other.url)
+                seconds = args.seconds * BULK_LONGER
+                p = point(running[STACK], STACK, "bulk", MIDDLE, seconds, repeat, encoding=encoding)
+                wire.append(p)
+                print(
+                    f"  [{repeat + 1}/{args.repeats}] {STACK} bulk {MIDDLE} users, {encoding:<6}: "
+                    f"{p.sentences_per_s:7.1f} sentences/s, {p.failures} failed",
+                    flush=True,
+                )
+        wire_bytes = {
+            e: response_bytes(running[STACK].url, bodies("bulk", "", e)) for e in ENCODINGS
+        }
     results = report.results(
         points,
         raw,
+        wire=(wire, wire_bytes),
         meta={
             "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
             "commit": commit(),

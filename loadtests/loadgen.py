@@ -46,11 +46,16 @@ def wrk_binary() -> str:
     return found
 
 
-def write_bodies(workload: str, out: Path, backend: str = "", count: int = 2000) -> Path:
-    """One JSON body per line: chat sends one corpus text per request, bulk 32."""
+def write_bodies(
+    workload: str, out: Path, backend: str = "", count: int = 2000, encoding: str = ""
+) -> Path:
+    """One JSON body per line: chat sends one corpus text per request, bulk 32 (the same texts
+    whatever the backend or the vectors' encoding)."""
     texts = corpus.load_texts()
     rng = random.Random(7)
     extra = {"backend": backend} if backend else {}
+    if encoding:
+        extra["encoding"] = encoding
     per = 1 if workload == "chat" else BULK
     lines = [
         json.dumps(

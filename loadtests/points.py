@@ -32,6 +32,8 @@ STACK, INT8, NOBATCH, FASTAPI, NAIVE, HANDWRITTEN = (
     "hand-written batching",
 )
 SYSTEMS = (STACK, INT8, NOBATCH, FASTAPI, NAIVE, HANDWRITTEN)
+# How /embed sends vectors back: measured on the stack, bulk, at MIDDLE users.
+ENCODINGS = ("float", "base64")
 
 
 @dataclass
@@ -49,12 +51,26 @@ class Point:
     shed: int  # refused with 429/503 + Retry-After
     loadgen_cpu_share: float  # the load generator's CPU seconds / (wall seconds x cores)
     cpu_ms_per_request: dict[str, dict[str, float]] = field(default_factory=dict)
+    encoding: str = ""  # the vectors' encoding asked for ("": the default, float)
 
 
-def bodies(workload: str, backend: str) -> Path:
+def bodies(workload: str, backend: str, encoding: str = "") -> Path:
+    name = "-".join(filter(None, (workload, backend or "default", encoding)))
     return loadgen.write_bodies(
-        workload, OUT / "bodies" / f"{workload}-{backend or 'default'}.jsonl", backend=backend
+        workload, OUT / "bodies" / f"{name}.jsonl", backend=backend, encoding=encoding
     )
+
+
+def response_bytes(url: str, body_file: Path, samples: int = 20) -> float:
+    """Mean size of /embed's response body over the first ``samples`` bodies of a file."""
+    sizes = []
+    for line in body_file.read_text().splitlines()[:samples]:
+        request = urllib.request.Request(
+            f"{url}/embed", data=line.encode(), headers={"content-type": "application/json"}
+        )
+        with urllib.request.urlopen(request, timeout=60) as resp:
+            sizes.append(len(resp.read()))
+    return sum(sizes) / len(sizes)
 
 
 def point(
@@ -65,9 +81,10 @@ def point(
     seconds: float,
     repeat: int = 0,
     backend: str = "",
+    encoding: str = "",
 ) -> Point:
     before = cpu.snapshot([server.process(), *server.descendants()])
-    load = loadgen.run(server.url, "/embed", bodies(workload, backend), users, seconds)
+    load = loadgen.run(server.url, "/embed", bodies(workload, backend, encoding), users, seconds)
     after = cpu.snapshot([server.process(), *server.descendants()])
     per_request = WORKLOADS[workload]
     ok_per_s = load.ok / load.seconds
@@ -85,6 +102,7 @@ def point(
         shed=load.shed,
         loadgen_cpu_share=load.loadgen_cpu_s / (load.seconds * loadgen.cores()),
         cpu_ms_per_request=cpu.per_request(before, after, load.ok),
+        encoding=encoding,
     )
 
 

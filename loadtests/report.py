@@ -99,9 +99,38 @@ def ratios(rows: list[dict], raw: dict) -> list[dict]:
     return out
 
 
-def results(points: list[Point], raw: dict, meta: dict) -> dict:
+def encoding(points: list[Point], response_bytes: dict[str, float]) -> dict:
+    """JSON floats against base64 on the same bulk load: medians over the repeats, bytes per
+    response, and base64's share of each (below 1: what it saves)."""
+    by = {e: aggregate([p for p in points if p.encoding == e]) for e in response_bytes}
+    rows = {e: {**r[0], "response_bytes": round(response_bytes[e])} for e, r in by.items() if r}
+    if set(rows) != {"float", "base64"}:
+        return {"rows": rows}
+
+    def cpu(row: dict) -> float:
+        return sum(v["total_ms"] for v in row["cpu_ms_per_request"].values())
+
+    f, b = rows["float"], rows["base64"]
+    return {
+        "rows": rows,
+        "base64_over_float": {
+            "response_bytes": round(b["response_bytes"] / f["response_bytes"], 4),
+            "cpu_ms_per_request": round(cpu(b) / cpu(f), 4),
+            "sentences_per_s": round(b["sentences_per_s"] / f["sentences_per_s"], 4),
+        },
+    }
+
+
+def results(
+    points: list[Point],
+    raw: dict,
+    meta: dict,
+    wire: tuple[list[Point], dict[str, float]] | None = None,
+) -> dict:
+    """``wire``: the stack's bulk points by vector encoding, and the mean response size of each."""
     rows = aggregate(points)
     ratio_rows = ratios(rows, raw)
+    extra = {"encoding": encoding(*wire)} if wire else {}
     return {
         "meta": meta,
         "raw": raw,
@@ -116,6 +145,7 @@ def results(points: list[Point], raw: dict, meta: dict) -> dict:
         "ratios": ratio_rows,
         "targets": targets(rows, ratio_rows, meta["users"]),
         "points": [asdict(p) for p in points],
+        **extra,
     }
 
 
@@ -161,6 +191,21 @@ def markdown(results: dict) -> str:
             f"| {r['workload']} | {r['users']} | {r['system']} | {r['sentences_per_s']:.0f} [{r['spread'][0]:.0f}, {r['spread'][1]:.0f}] "
             f"| {r['sentences_per_s'] / limit:.2f} | {versus} | {r['p50_ms']:.1f} | {r['p99_ms']:.0f} | {r['failures']} | {r['shed']} | {_cpu_cell(r)} |"
         )
+    if (wire := results.get("encoding")) and "base64_over_float" in wire:
+        share = wire["base64_over_float"]
+        lines += [
+            "",
+            f'Vectors as base64 instead of JSON floats (`"encoding": "base64"`), stack, bulk: '
+            f"{share['response_bytes']:.2f}× the bytes, {share['cpu_ms_per_request']:.2f}× the CPU per "
+            f"request (all processes), {share['sentences_per_s']:.2f}× the sentences/s.",
+            "",
+            "| encoding | users | sentences/s [spread] | bytes per response | CPU ms per request: main + other threads |",
+            "|---|---:|---:|---:|---|",
+        ]
+        lines += [
+            f"| {e} | {r['users']} | {r['sentences_per_s']:.0f} [{r['spread'][0]:.0f}, {r['spread'][1]:.0f}] | {r['response_bytes']:,} | {_cpu_cell(r)} |"
+            for e, r in wire["rows"].items()
+        ]
     lines += ["", "| target | met | measured |", "|---|---|---|"]
     lines += [
         f"| {t['target']} | {'yes' if t['met'] else '**no**'} | {t['measured']} |"

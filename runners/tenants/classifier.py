@@ -1,7 +1,7 @@
 """A tenant's intent classifier: a SentencePiece embedding bag with a linear layer, trained with TF.
 
 Mean of the pieces' embeddings (padding masked) -> logits -> softmax. With a 2,000-piece vocabulary
-and 128-576 dimensions a model weighs 1-5 MB, the size of the per-customer NLU models of seed 000.
+and 128-576 dimensions a model weighs 1-5 MB, the size of a typical per-customer intent model.
 Exported either as a TensorFlow SavedModel or as ONNX (the graph is written with onnx.helper: it
 is five operators, and tf2onnx does not support this TensorFlow).
 """

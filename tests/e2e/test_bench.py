@@ -137,3 +137,24 @@ def test_plots_are_written(results) -> None:
         png = out / f"{workload}.png"
         assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
     assert (out / "results.md").read_text().count("\n") > 10
+
+
+def test_base64_is_measured_against_floats_on_the_same_load(results) -> None:
+    data, out = results
+    wire = data["encoding"]
+    floats, packed = wire["rows"]["float"], wire["rows"]["base64"]
+    for row in (floats, packed):
+        assert row["workload"] == "bulk" and row["sentences_per_s"] > 0 and row["failures"] == 0
+        assert all(v["total_ms"] > 0 for v in row["cpu_ms_per_request"].values()), row
+    # 384 float32 in base64 are 2,048 characters; as JSON numbers, ~7,000.
+    assert packed["response_bytes"] < floats["response_bytes"] / 2.5
+    share = wire["base64_over_float"]
+    assert math.isclose(
+        share["response_bytes"], packed["response_bytes"] / floats["response_bytes"], rel_tol=1e-3
+    )
+    assert math.isclose(
+        share["sentences_per_s"],
+        packed["sentences_per_s"] / floats["sentences_per_s"],
+        rel_tol=1e-3,
+    )
+    assert "Vectors as base64" in (out / "results.md").read_text()
