@@ -145,7 +145,10 @@ def test_base64_is_measured_against_floats_on_the_same_load(results) -> None:
     floats, packed = wire["rows"]["float"], wire["rows"]["base64"]
     for row in (floats, packed):
         assert row["workload"] == "bulk" and row["sentences_per_s"] > 0 and row["failures"] == 0
-        assert all(v["total_ms"] > 0 for v in row["cpu_ms_per_request"].values()), row
+        # the processes on the request's path (the arbiter and the idle runners may spend nothing)
+        assert all(
+            row["cpu_ms_per_request"][p]["total_ms"] > 0 for p in ("tokenizer", "onnx_runner")
+        )
     # 384 float32 in base64 are 2,048 characters; as JSON numbers, ~7,000.
     assert packed["response_bytes"] < floats["response_bytes"] / 2.5
     share = wire["base64_over_float"]
