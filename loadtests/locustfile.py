@@ -118,7 +118,7 @@ class SimilarityUser(_User):
 
 
 class InferenceUser(_User):
-    """Seed 003's contract: {"input_text": str} -> {"outputs": [float]}."""
+    """One text per request: {"input_text": str} -> {"outputs": [float]}."""
 
     @task
     def inference(self) -> None:
@@ -126,7 +126,7 @@ class InferenceUser(_User):
 
 
 class TenantUser(_User):
-    """Seed 000's per-customer NLU: /classify for a tenant drawn Zipf-style (s=1.1) from N."""
+    """Per-customer intent models: /classify for a tenant drawn Zipf-style (s=1.1) from N."""
 
     def on_start(self) -> None:
         super().on_start()

@@ -1,4 +1,4 @@
-"""Seed 000's concurrency test: 16 users, then 16 more every step, up to 160.
+"""A concurrency ramp: 16 users, then 16 more every step, up to 160.
 
 Kept apart from locustfile.py because Locust applies any shape class a locustfile defines to every
 run. Use both:  locust -f loadtests/locustfile.py,loadtests/ramp.py ChatUser --headless ...

@@ -6,12 +6,14 @@
 - ``GET /v1/models/{name}[/versions/{n}|/labels/{label}]``: version status.
 - ``GET /v1/models/{name}[...]/metadata``: the signature def, from the model's contract.
 
-Errors are ``{"error": "..."}`` with TF Serving's messages and status codes. Each model has one
-version, 1, labelled ``stable`` (TF Serving has no labels unless configured; these are ours). Padding
-is stripped using the mask, and the sequences go through the same batcher as ``/embed`` (re-padded
-per batch, batched with every other caller). Departures from TF Serving, each to refuse less
-or say more: ``attention_mask`` and ``token_type_ids`` may be left out (the model needs only the
-ids), instances may differ in length, and an unknown input name is refused in both forms.
+Errors are ``{"error": "..."}`` with TF Serving's messages and status codes (a shed request's 429 or
+503 adds ``"retry_after"`` and a ``Retry-After`` header). Each model has one version, 1, labelled
+``stable`` (TF Serving has no labels unless configured; these are ours). Padding is stripped using
+the mask, and the sequences go through the same batcher as ``/embed`` (re-padded per batch, batched
+with every other caller). Departures from TF Serving, each to refuse less or say more:
+``attention_mask`` and ``token_type_ids`` may be left out (the model needs only the ids; MiniLM's
+sentence embedding takes one segment, so token types must be 0), instances may differ in length,
+and an unknown input name is refused in both forms.
 """
 
 from __future__ import annotations
@@ -43,13 +45,23 @@ PREDICT_ROUTES = [
     f"{MOUNT}/models/{{name}}/labels/{{label}}:predict",
 ]
 SIGNATURE = "serving_default"
+# "[CLS] how do i reset my password? [SEP]" and "[CLS] where is my order? [SEP]", padded to one
+# length as TF Serving clients send them: what the Swagger UI's "Try it out" sends.
+EXAMPLE = {
+    "inputs": {
+        "input_ids": [
+            [101, 2129, 2079, 1045, 25141, 2026, 20786, 1029, 102],
+            [101, 2073, 2003, 2026, 2344, 1029, 102, 0, 0],
+        ],
+        "attention_mask": [[1, 1, 1, 1, 1, 1, 1, 1, 1], [1, 1, 1, 1, 1, 1, 1, 0, 0]],
+    }
+}
 VERSION = 1
 LABELS = {"stable": VERSION}
-# TF Serving's own URL grammar (http_rest_api_util.cc), matched case-insensitively as it does.
+# TF Serving's own URL grammar (http_rest_api_util.cc).
 _URL = re.compile(
     r"^/models/(?P<name>[^/:]+)(?:/versions/(?P<version>\d+)|/labels/(?P<label>[^/:]+))?"
-    r"(?::(?P<verb>predict)|/(?P<metadata>metadata))?$",
-    re.IGNORECASE,
+    r"(?::(?P<verb>predict)|/(?P<metadata>metadata))?$"
 )
 _DTYPES = {"int64": "DT_INT64", "int32": "DT_INT32", "float32": "DT_FLOAT"}
 # The same limits as the runner's own API (vocabulary, sequence length, sequences per call).
@@ -74,7 +86,8 @@ class Refused(Exception):
 def servable(request: Request, names: Callable[[], Any]) -> tuple[str, re.Match[str]]:
     """The model a URL names (its version or label checked), or Refused as TF Serving words it."""
     match = _URL.match(request.url.path.removeprefix(MOUNT))
-    if match is None:
+    # POST predicts; GET reads a status or the metadata: any other pairing is not a request.
+    if match is None or (request.method == "POST") != (match["verb"] is not None):
         raise Refused(400, f"Malformed request: {request.method} {request.url.path}")
     name, version, label = match["name"], match["version"], match["label"]
     if label is not None and label not in LABELS:
@@ -110,13 +123,18 @@ def sequences(body: Any, contract: Contract) -> tuple[str, list[list[int]]]:
     form = forms[0]
     columns = _columns(body[form], form, contract)
     ids = _checked(_validate_rows, columns["input_ids"], form, "input_ids")
+    flags = {}
     for name in ("attention_mask", "token_type_ids"):
         if name in columns:
-            other = _checked(_validate_flags, columns[name], form, name)
-            if [len(r) for r in other] != [len(r) for r in ids]:
+            flags[name] = _checked(_validate_flags, columns[name], form, name)
+            if [len(r) for r in flags[name]] != [len(r) for r in ids]:
                 raise Refused(400, f"{form}: {name} must have the same shape as input_ids")
-    if "attention_mask" in columns:
-        mask = columns["attention_mask"]
+    if any(any(row) for row in flags.get("token_type_ids", [])):
+        raise Refused(
+            400, f"{form}: token_type_ids must be 0: the sentence embedding takes one segment"
+        )
+    if "attention_mask" in flags:
+        mask = flags["attention_mask"]
         ids = [
             [t for t, m in zip(r, keep, strict=True) if m]
             for r, keep in zip(ids, mask, strict=True)
@@ -211,11 +229,9 @@ def tf_serving_app(servables: Callable[[], dict[str, Batcher]], contract: Contra
             raw = await request.body()
             try:
                 body = json.loads(raw)
-            except ValueError as exc:
-                raise Refused(400, f"JSON Parse error: {exc}") from None
-            name, match = servable(request, servables)
-            if match["verb"] is None:
-                raise Refused(400, f"Malformed request: POST {request.url.path}")
+            except (ValueError, RecursionError) as exc:  # (nested deeper than Python parses)
+                raise Refused(400, f"JSON Parse error: {str(exc)[:200]}") from None
+            name, _ = servable(request, servables)
             form, ids = sequences(body, contract)
             rows, _ = await servables()[name].submit(ids)
         except Refused as exc:
@@ -224,11 +240,12 @@ def tf_serving_app(servables: Callable[[], dict[str, Batcher]], contract: Contra
             return exc.response()  # {"error": ...} with Retry-After
         return JSONResponse({"predictions" if form == "instances" else "outputs": rows.tolist()})
 
+    async def malformed(request: Request) -> JSONResponse:
+        return Refused(400, f"Malformed request: {request.method} {request.url.path}").response()
+
     async def describe(request: Request) -> JSONResponse:
         try:
             name, match = servable(request, servables)
-            if match["verb"] is not None:
-                raise Refused(400, f"Malformed request: GET {request.url.path}")
         except Refused as exc:
             wanted = _URL.match(request.url.path.removeprefix(MOUNT))
             if exc.status == 404 and wanted is not None and not wanted["metadata"]:
@@ -240,6 +257,8 @@ def tf_serving_app(servables: Callable[[], dict[str, Batcher]], contract: Contra
         routes=[
             Route("/models/{rest:path}", predict, methods=["POST"]),
             Route("/models/{rest:path}", describe, methods=["GET"]),
+            # Anything else under /v1, as TF Serving answers it (BentoML's own 404 is plain text).
+            Route("/{rest:path}", malformed, methods=["GET", "POST", "PUT", "PATCH", "DELETE"]),
         ]
     )
 
@@ -257,7 +276,11 @@ def install(service: Any, names: list[str], contract: Contract) -> None:
     its own APIs only), and give the runner's 4xx bodies the one error format."""
 
     def refine(spec: dict[str, Any]) -> dict[str, Any]:
-        spec.setdefault("paths", {}).update(openapi_paths(names, contract))
+        paths = spec.setdefault("paths", {})
+        embed = paths.get("/embed", {}).get("post", {}).get("requestBody", {}).get("content", {})
+        for media in embed.values():  # the runner's own API: token ids, as the tokenizer sends
+            media["example"] = {"ids": EXAMPLE["inputs"]["input_ids"][:1]}
+        paths.update(openapi_paths(names, contract))
         return spec
 
     service.mount_asgi_app(tf_serving_app(current_servables, contract), path=MOUNT)
@@ -273,9 +296,10 @@ def openapi_paths(names: list[str], contract: Contract) -> dict[str, Any]:
         "maxItems": MAX_SEQ_LEN,
     }
     flags = {"type": "array", "items": {"type": "integer", "enum": [0, 1]}}
+    types = {"type": "array", "items": {"type": "integer", "enum": [0]}}
     row = {  # one sequence; attention_mask and token_type_ids as long as input_ids
         "type": "object",
-        "properties": {"input_ids": ids, "attention_mask": flags, "token_type_ids": flags},
+        "properties": {"input_ids": ids, "attention_mask": flags, "token_type_ids": types},
         "required": ["input_ids"],
         "additionalProperties": False,
     }
@@ -328,7 +352,7 @@ def openapi_paths(names: list[str], contract: Contract) -> dict[str, Any]:
                 "parameters": [name, *extra],
                 "requestBody": {
                     "required": True,
-                    "content": {"application/json": {"schema": request}},
+                    "content": {"application/json": {"schema": request, "example": EXAMPLE}},
                 },
                 "responses": {
                     "200": _answer("outputs or predictions", predicted),

@@ -11,8 +11,9 @@ from serving.errors import replies_on_error
 from serving.protocol import DeadlineSeconds, EmbedResult, TokenIds, Variant
 
 SETTINGS = OnnxRunnerSettings()
-# TF Serving names for the same models (POST /v1/models/{name}:predict) → variant.
-SERVABLES = {"minilm": "fp32", "minilm-int8": "int8"}
+# TF Serving names for the same models (POST /v1/models/{name}:predict) → variant. "model" is the
+# name TF Serving's own image serves by default (MODEL_NAME), so its clients work unchanged.
+SERVABLES = {"minilm": "fp32", "minilm-int8": "int8", "model": "fp32"}
 
 
 @bentoml.service(

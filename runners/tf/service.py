@@ -11,7 +11,9 @@ from serving.errors import replies_on_error
 from serving.protocol import DeadlineSeconds, EmbedResult, TokenIds
 
 SETTINGS = TFRunnerSettings()
-SERVABLES = {"minilm": "tf"}  # TF Serving's name for the model (POST /v1/models/minilm:predict)
+# TF Serving names for the model (POST /v1/models/{name}:predict); "model" is the name TF Serving's
+# own image serves by default (MODEL_NAME), so its clients work unchanged.
+SERVABLES = {"minilm": "tf", "model": "tf"}
 
 
 @bentoml.service(

@@ -12,25 +12,27 @@ BentoML's, and the route needs none of BentoML's per-request input machinery.
 
 from __future__ import annotations
 
-import json
-import time
+import logging
+import re
 from collections.abc import Callable
 from typing import Annotated, Any, Protocol
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
-from pydantic_core import to_json
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
+from pydantic_core import PydanticCustomError, to_json
 from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from services.tokenizer.schemas import Text
+from services.tokenizer.schemas import VISIBLE
 from services.tokenizer.settings import SETTINGS, Backend
 from services.tokenizer.vectors import Encoding, encode
 from serving.contracts import EMBEDDING_DIM
-from serving.errors import Overloaded
+from serving.errors import ApiError, Overloaded
 
+log = logging.getLogger(__name__)
 MOUNT = "/v1"
 EMBEDDINGS_PATH = f"{MOUNT}/embeddings"
 MODELS_PATH = f"{MOUNT}/models"
@@ -41,28 +43,60 @@ MODELS: dict[str, Backend] = {
     "all-MiniLM-L6-v2-tf": "tf",
 }
 OWNER = "bento-bundle"
-CREATED = int(time.time())  # OpenAI's model objects carry a creation time: when this server started
+# OpenAI's model objects carry a creation time; these models have none that means anything to a
+# client, and every worker must answer the same: the Unix epoch.
+CREATED = 0
+_VISIBLE = re.compile(VISIBLE)  # a text must have a character that is not white space
+
+
+def _input(value: Any) -> list[str]:
+    """``input`` as texts, or the reason it is refused in the user's words (not pydantic's)."""
+    items = [value] if isinstance(value, str) else value
+    if not isinstance(items, list):
+        raise PydanticCustomError("input", "input must be a string or a list of strings")
+    if not items:
+        raise PydanticCustomError("input", "input must not be an empty list")
+    limit = SETTINGS.openai_max_inputs
+    if len(items) > limit:
+        raise PydanticCustomError(
+            "input", f"input has {len(items)} texts; at most {limit} per request"
+        )
+    for i, text in enumerate(items):
+        where = "input" if isinstance(value, str) else f"input[{i}]"
+        if isinstance(text, int | list) and not isinstance(text, bool):
+            raise PydanticCustomError(
+                "input",
+                "input: token arrays are not accepted (OpenAI's token ids are not this model's); "
+                "send the text itself",
+            )
+        if not isinstance(text, str):
+            raise PydanticCustomError("input", f"{where} must be a string")
+        if not _VISIBLE.search(text):
+            raise PydanticCustomError("input", f"{where} is empty or blank: send some text")
+        if len(text) > SETTINGS.max_chars:
+            raise PydanticCustomError(
+                "input", f"{where} has {len(text)} characters; at most {SETTINGS.max_chars}"
+            )
+    return items
 
 
 class EmbeddingsRequest(BaseModel):
-    # OpenAI refuses arguments it does not know, and so do we (a typo is not silently ignored).
+    # OpenAI refuses arguments it does not know, and so do we (a typo is not silently ignored);
+    # null is the default for the optional ones, as OpenAI takes it (wrappers forward None).
     model_config = ConfigDict(extra="forbid", strict=True)
 
-    input: Text | Annotated[list[Text], Field(min_length=1, max_length=SETTINGS.max_texts)] = Field(
+    input: Annotated[list[str], BeforeValidator(_input)] = Field(
         description="A text, or a list of texts, to embed. Token arrays are not accepted."
     )
     model: str = Field(description="One of GET /v1/models: " + ", ".join(MODELS) + ".")
-    encoding_format: Encoding = Field(
-        "float", description="base64: each vector as little-endian float32 bytes, base64-encoded."
+    encoding_format: Encoding | None = Field(
+        None,
+        description="float (the default) or base64: each vector's little-endian float32 bytes.",
     )
-    dimensions: int = Field(
-        EMBEDDING_DIM,
-        description=f"Output size; MiniLM's vectors have {EMBEDDING_DIM} dimensions only.",
+    dimensions: int | None = Field(
+        None, description=f"Output size; MiniLM's vectors have {EMBEDDING_DIM} dimensions only."
     )
-    user: str = Field("", description="Accepted and ignored.")
-
-    def texts(self) -> list[str]:
-        return [self.input] if isinstance(self.input, str) else self.input
+    user: str | None = Field(None, description="Accepted and ignored.")
 
 
 class Embedding(Protocol):
@@ -116,6 +150,8 @@ def _refusal(exc: ValidationError) -> OpenAIError:
     loc = [str(part) for part in error["loc"]]
     if error["type"] == "extra_forbidden":
         message = f"Unrecognized request argument supplied: {loc[-1]}"
+    elif error["type"] == "input":  # already in the user's words
+        message = error["msg"]
     else:
         message = f"{'.'.join(loc) or 'body'}: {error['msg']}"
     return OpenAIError(400, message, param=loc[0] if loc else None)
@@ -126,17 +162,10 @@ def parse(body: bytes) -> EmbeddingsRequest:
     try:
         request = EmbeddingsRequest.model_validate_json(body)
     except ValidationError as exc:
-        if _is_token_array(body):
-            raise OpenAIError(
-                400,
-                "input: token arrays are not accepted (OpenAI's token ids are not this model's); "
-                "send the text itself",
-                param="input",
-            ) from None
         raise _refusal(exc) from None
     if request.model not in MODELS:
         raise unknown_model(request.model)
-    if request.dimensions != EMBEDDING_DIM:
+    if request.dimensions not in (None, EMBEDDING_DIM):
         raise OpenAIError(
             400,
             f"dimensions: {request.model} has {EMBEDDING_DIM} dimensions; "
@@ -144,14 +173,6 @@ def parse(body: bytes) -> EmbeddingsRequest:
             param="dimensions",
         )
     return request
-
-
-def _is_token_array(body: bytes) -> bool:
-    try:
-        value = json.loads(body).get("input")
-    except (ValueError, AttributeError):
-        return False
-    return isinstance(value, list) and any(isinstance(v, int | list) for v in value)
 
 
 def model_card(name: str) -> dict[str, Any]:
@@ -162,9 +183,19 @@ def openapi_paths() -> dict[str, Any]:
     """These routes as OpenAPI path items, for the public document (openapi.py adds them: BentoML
     documents its own APIs only). Model names and ``dimensions`` are enumerated, so schema-driven
     clients (and the fuzzing tests) know what is valid."""
-    request = EmbeddingsRequest.model_json_schema()
-    request["properties"]["model"]["enum"] = list(MODELS)
-    request["properties"]["dimensions"]["enum"] = [EMBEDDING_DIM]
+    text = {"type": "string", "minLength": 1, "maxLength": SETTINGS.max_chars, "pattern": VISIBLE}
+    texts = {"type": "array", "items": text, "minItems": 1, "maxItems": SETTINGS.openai_max_inputs}
+    fields = EmbeddingsRequest.model_fields
+    request = _object(
+        input={"oneOf": [text, texts], "description": fields["input"].description},
+        model={"type": "string", "enum": list(MODELS), "description": fields["model"].description},
+    )
+    request["additionalProperties"] = False
+    request["properties"].update(
+        encoding_format={"type": "string", "enum": ["float", "base64", None], "nullable": True},
+        dimensions={"type": "integer", "enum": [EMBEDDING_DIM, None], "nullable": True},
+        user={"type": "string", "nullable": True, "description": fields["user"].description},
+    )
     string = {"type": "string"}
     error = _object(
         error=_object(
@@ -216,7 +247,7 @@ def openapi_paths() -> dict[str, Any]:
                     "required": True,
                     "content": {"application/json": {"schema": request}},
                 },
-                "responses": answers(reply, 400, 404, 415, 429, 503),
+                "responses": answers(reply, 400, 404, 429, 503),
             }
         },
         MODELS_PATH: {
@@ -252,19 +283,20 @@ def openai_app(service: Callable[[], Embedding]) -> Starlette:
             content_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
             if content_type != "application/json":
                 raise OpenAIError(
-                    415, f"send a JSON body (content-type: application/json, got {content_type!r})"
+                    400, f"send a JSON body (content-type: application/json, got {content_type!r})"
                 )
             body = parse(await request.body())
-            texts = body.texts()
-            vectors, tokens, headers = await service().embed_texts(texts, MODELS[body.model])
+            vectors, tokens, headers = await service().embed_texts(body.input, MODELS[body.model])
         except OpenAIError as exc:
             return exc.response()
         except Overloaded as exc:
             return _overloaded(exc).response()
+        except ApiError as exc:  # a runner's refusal passed on (e.g. 507): its status, our shape
+            return OpenAIError(exc.status, exc.message, kind=_kind(exc.status)).response()
         used = sum(tokens)
         data = [
             {"object": "embedding", "index": i, "embedding": e}
-            for i, e in enumerate(encode(vectors, body.encoding_format))
+            for i, e in enumerate(encode(vectors, body.encoding_format or "float"))
         ]
         reply = {
             "object": "list",
@@ -283,19 +315,38 @@ def openai_app(service: Callable[[], Embedding]) -> Starlette:
             return unknown_model(name).response()
         return _json(model_card(name))
 
+    async def invalid_url(request: Request) -> Response:
+        return OpenAIError(404, f"Invalid URL ({request.method} {request.url.path})").response()
+
+    async def http_error(_: Request, exc: Exception) -> Response:
+        status = getattr(exc, "status_code", 500)
+        return OpenAIError(status, str(getattr(exc, "detail", "")), kind=_kind(status)).response()
+
+    async def server_error(_: Request, exc: Exception) -> Response:
+        log.exception("/v1 request failed", exc_info=exc)
+        return OpenAIError(500, "internal error", kind="server_error").response()
+
     return Starlette(
+        # Unknown paths and methods under /v1, and anything unexpected: OpenAI's shape too.
+        exception_handlers={HTTPException: http_error, Exception: server_error},
         routes=[
             Route(EMBEDDINGS_PATH.removeprefix(MOUNT), embeddings, methods=["POST"]),
             Route(MODELS_PATH.removeprefix(MOUNT), models, methods=["GET"]),
             Route(MODELS_PATH.removeprefix(MOUNT) + "/{name:path}", model, methods=["GET"]),
-        ]
+            # Any other path under /v1, as OpenAI answers it (BentoML's own 404 is plain text).
+            Route("/{path:path}", invalid_url, methods=["GET", "POST", "PUT", "PATCH", "DELETE"]),
+        ],
     )
+
+
+def _kind(status: int) -> str:
+    return "invalid_request_error" if status < 500 else "server_error"
 
 
 def _overloaded(exc: Overloaded) -> OpenAIError:
     """Shedding, as OpenAI reports it: 429 rate limit or 503 unavailable, with Retry-After."""
     if exc.status == 429:
-        kind, code = "rate_limit_error", "rate_limit_exceeded"
+        kind, code = "requests", "rate_limit_exceeded"
     else:
         kind, code = "server_error", "service_unavailable"
     return OpenAIError(exc.status, exc.reason, kind=kind, code=code, headers=exc.headers())

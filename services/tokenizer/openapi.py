@@ -53,12 +53,11 @@ UNION_ANSWERS: dict[str, type[BaseModel]] = {"/embed": EmbedResponse}
 def refine(spec: dict[str, Any]) -> dict[str, Any]:
     paths = spec.setdefault("paths", {})
     for path, model in UNION_ANSWERS.items():
-        if path in paths:
-            wanted = model.model_json_schema()["properties"]
-            ok = paths[path]["post"]["responses"]["200"]["content"]["application/json"]["schema"]
-            for name, field in wanted.items():
-                if "anyOf" in field:
-                    ok["properties"][name] = field
+        answer = paths.get(path, {}).get("post", {}).get("responses", {}).get("200", {})
+        schema = answer.get("content", {}).get("application/json", {}).get("schema", {})
+        for name, field in model.model_json_schema()["properties"].items():
+            if "anyOf" in field and name in schema.get("properties", {}):
+                schema["properties"][name] = field
     paths.update(openapi_paths())
     for path, item in paths.items():
         for operation in item.values():

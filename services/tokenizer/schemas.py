@@ -44,7 +44,7 @@ class EmbedRequest(Request):
     encoding: Encoding = Field(
         "float",
         description="float: lists of numbers; base64: each vector's little-endian float32 bytes, "
-        "base64-encoded (a third of the bytes; numpy.frombuffer(base64.b64decode(v), '<f4')).",
+        "base64-encoded (about a quarter of the bytes; numpy.frombuffer(base64.b64decode(v), '<f4')).",
     )
 
 

@@ -159,7 +159,7 @@ class Tokenizer:
     @replies_on_error
     async def embed(self, request: EmbedRequest, /, ctx: bentoml.Context) -> EmbedResponse:
         """Sentence embeddings (384 floats, L2-normalised) for each text, in order; with
-        "encoding": "base64", each as its little-endian float32 bytes in base64 (a third the size)."""
+        "encoding": "base64", each as its little-endian float32 bytes in base64 (about a quarter of the bytes)."""
         vectors, tokens = await self._embed(request.texts, request.backend, ctx)
         return answer(
             EmbedResponse.model_construct(
@@ -207,7 +207,8 @@ class Tokenizer:
     @bentoml.api
     @replies_on_error
     async def classify(self, request: ClassifyRequest, /, ctx: bentoml.Context) -> Classified:
-        """Intent of each text with the tenant's own classifier; 404 for an unknown tenant."""
+        """Intent of each text with the tenant's own classifier; 404 for an unknown tenant (the
+        example's tenant, acme, exists once /tenants/train's example has trained it)."""
         self._tenant(request.tenant, ctx)
         started = time.perf_counter()
         ids = await self.text.run(self.text.tenant_pieces, request.texts)

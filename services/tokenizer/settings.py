@@ -26,6 +26,12 @@ class TokenizerSettings(ServiceSettings):
     timeout_s: float = Field(30.0, gt=0, description="BentoML traffic timeout for one request.")
     max_texts: int = Field(256, ge=1, description="Texts per /embed or /tokenize request.")
     max_pairs: int = Field(128, ge=1, description="Pairs per /similarity request.")
+    openai_max_inputs: int = Field(
+        2048,
+        ge=1,
+        description="Texts per /v1/embeddings request: OpenAI's own limit, so clients that batch up "
+        "to it (LangChain sends 1,000) work unchanged.",
+    )
     max_chars: int = Field(
         10_000,
         ge=1,

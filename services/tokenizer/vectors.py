@@ -1,7 +1,8 @@
 """Vectors on the wire: JSON floats, or base64 of their little-endian float32 bytes.
 
 base64 is what OpenAI's API sends (its SDK asks for it by default and decodes it): 4 bytes a number,
-a third of the bytes of JSON floats, and far less to format and parse on both sides."""
+about a quarter of the bytes of JSON floats (measured: 65,766 against 257,703 bytes for 32
+vectors), and less to format and parse on both sides."""
 
 from __future__ import annotations
 

@@ -53,7 +53,8 @@ def test_predict_api_errors(runner: str) -> None:
     assert out_of_vocab.status_code == 400
 
 
-# A TF Serving client as written for a TF Serving deployment, unchanged but for where it points.
+# A TF Serving client as written for a TF Serving container (its default model name, "model"),
+# unchanged but for the host it points at.
 TF_SERVING_CLIENT = """
 import requests
 import random
@@ -70,7 +71,7 @@ response = requests.post("http://localhost:8501/v1/models/model:predict", json=p
 
 
 def test_a_tf_serving_client_runs_unchanged(runner: str) -> None:
-    code = TF_SERVING_CLIENT.replace("http://localhost:8501", runner).replace("/model:", "/minilm:")
+    code = TF_SERVING_CLIENT.replace("http://localhost:8501", runner)
     scope: dict = {}
     exec(code, scope)  # the client's own code, as its users run it
     response = scope["response"]
@@ -141,6 +142,12 @@ def test_status_and_metadata_match_the_contract(runner: str) -> None:
         ("get", "/v1/models/minilm/versions/7", None, 404, "version 7"),
         ("get", "/v1/models/bert/metadata", None, 404, "Latest(bert)"),
         ("get", "/v1/models/minilm/other/thing", None, 400, "Malformed request"),
+        ("get", "/v1/models/bert:predict", None, 400, "Malformed request"),
+        ("get", "/v1/other", None, 400, "Malformed request: GET /v1/other"),
+        ("delete", "/v1/models/minilm", None, 400, "Malformed request"),
+        ("post", "/v1/models/minilm/metadata", {}, 400, "Malformed request"),
+        ("post", "/v1/models/minilm:predict", {"inputs": {"input_ids": [IDS], "token_type_ids": [[0, 1, 1, 1]]}}, 400, "token_type_ids must be 0"),
+        ("post", "/v1/models/minilm:predict", {"inputs": {"input_ids": [IDS], "attention_mask": [[1, 1, 2, 1]]}}, 400, "attention_mask[0][2]"),
     ],
 )  # fmt: skip
 def test_tf_serving_errors_say_what_is_wrong(
@@ -149,6 +156,40 @@ def test_tf_serving_errors_say_what_is_wrong(
     reply = httpx.request(method, f"{runner}{path}", json=body)
     assert reply.status_code == status, reply.text
     assert list(reply.json()) == ["error"] and says in reply.json()["error"], reply.text
+
+
+def test_a_mask_given_as_strings_or_floats_strips_the_same(runner: str) -> None:
+    plain = httpx.post(f"{runner}/v1/models/minilm:predict", json={"inputs": {"input_ids": [IDS]}})
+    for mask in (["1", "1", "1", "1", "0"], [1.0, 1.0, 1.0, 1.0, 0.0]):
+        padded = {"inputs": {"input_ids": [[*IDS, 0]], "attention_mask": [mask]}}
+        reply = httpx.post(f"{runner}/v1/models/minilm:predict", json=padded)
+        assert reply.status_code == 200, reply.text
+        np.testing.assert_allclose(reply.json()["outputs"], plain.json()["outputs"], atol=1e-6)
+
+
+def test_json_nested_too_deep_is_a_400(runner: str) -> None:
+    deep = b'{"inputs": ' + b"[" * 100_000 + b"]" * 100_000 + b"}"
+    reply = httpx.post(f"{runner}/v1/models/minilm:predict", content=deep)
+    assert reply.status_code == 400 and "JSON Parse error" in reply.json()["error"]
+
+
+@pytest.fixture(scope="module")
+def tf_runner() -> Iterator[str]:
+    with bentoml_serve("runners.tf.service:TFRunner", log_path("tf-runner.log")) as server:
+        yield server.url
+
+
+def test_the_tf_runner_speaks_tf_serving_too(tf_runner: str, runner: str) -> None:
+    rows = {"instances": [{"input_ids": IDS}]}
+    tf = httpx.post(f"{tf_runner}/v1/models/minilm:predict", json=rows)
+    assert tf.status_code == 200, tf.text
+    own = httpx.post(f"{tf_runner}/embed", json={"ids": [IDS]}).json()["embeddings"]
+    np.testing.assert_allclose(tf.json()["predictions"], own, atol=1e-6)
+    onnx = httpx.post(f"{runner}/v1/models/minilm:predict", json=rows).json()["predictions"]
+    np.testing.assert_allclose(tf.json()["predictions"], onnx, atol=1e-4)  # same model, two engines
+    meta = httpx.get(f"{tf_runner}/v1/models/model/metadata").json()
+    assert meta["model_spec"]["name"] == "model"
+    assert httpx.get(f"{tf_runner}/v1/models/minilm-int8").status_code == 404  # ONNX's only
 
 
 def test_runner_embed_api_checks_token_ids(runner: str) -> None:

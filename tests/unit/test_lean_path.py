@@ -15,9 +15,17 @@ from loadtests.processes import ROOT
 SERVICES = {
     "services.tokenizer.service:Tokenizer": (
         "BUNDLE_TOKENIZER_",
-        ["/embed", "/similarity", "/tokenize", "/inference", "/classify"],
+        ["/embed", "/similarity", "/tokenize", "/inference", "/classify", "/v1/embeddings"],
     ),
-    "runners.onnx.service:OnnxRunner": ("BUNDLE_ONNX_", ["/embed", "/v1/models/minilm:predict"]),
+    "runners.onnx.service:OnnxRunner": (
+        "BUNDLE_ONNX_",
+        [
+            "/embed",
+            "/v1/models/minilm:predict",
+            "/v1/models/minilm/versions/1:predict",
+            "/v1/models/minilm-int8/labels/stable:predict",
+        ],
+    ),
     "runners.tf.service:TFRunner": ("BUNDLE_TF_", ["/embed", "/v1/models/minilm:predict"]),
     "runners.tenants.service:TenantRunner": ("BUNDLE_TENANTS_", ["/classify"]),
 }

@@ -15,8 +15,13 @@ HERE = ROOT / "deploy" / "prometheus"
 RULES = sorted((HERE / "rules").glob("*.yml"))
 
 
+def promtool_path() -> Path:
+    """Where `make tools` unpacks it (PROMTOOL, relative to the repository, overrides)."""
+    return ROOT / os.environ.get("PROMTOOL", "build/tools/prometheus/usr/bin/promtool")
+
+
 def promtool(*args: str, cwd: Path = HERE) -> str:
-    path = Path(os.environ.get("PROMTOOL", ROOT / "build/tools/prometheus/usr/bin/promtool"))
+    path = promtool_path()
     assert path.exists(), f"{path} missing: `make tools` fetches it"
     proc = subprocess.run([str(path), *args], cwd=cwd, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -37,8 +42,9 @@ def test_the_rules_compute_what_they_say_and_the_alerts_fire() -> None:
 def test_a_wrong_rule_fails_the_check(tmp_path: Path) -> None:
     broken = tmp_path / "broken.yml"
     broken.write_text("groups: [{name: x, rules: [{record: a, expr: 'rate(b[5m]'}]}]\n")
-    path = os.environ.get("PROMTOOL", str(ROOT / "build/tools/prometheus/usr/bin/promtool"))
-    proc = subprocess.run([path, "check", "rules", str(broken)], capture_output=True, text=True)
+    proc = subprocess.run(
+        [str(promtool_path()), "check", "rules", str(broken)], capture_output=True, text=True
+    )
     assert proc.returncode != 0
 
 
