@@ -27,7 +27,7 @@ IMAGES_CMD := PATH=$(DOCKER_PATH) BASE_IMAGE=$(BASE_IMAGE) $(PY) deploy/bentos.p
 	  -t bento-bundle/prometheus:$(IMAGE_TAG) deploy/prometheus >/dev/null \
 	&& echo "image bento-bundle/prometheus:$(IMAGE_TAG) built (deploy/prometheus)"
 
-.PHONY: help install wrk tools models parity bench chaos soak tenants tenant-figures serve test lint format clean \
+.PHONY: help install wrk tools models parity bench chaos soak tenants tenant-figures simulate-replicas serve test lint format clean \
 	bentos engine engine-stop base-image images test-containers
 
 help: ## List the targets
@@ -78,6 +78,9 @@ chaos: models ## Overload at 4x capacity, recovery, workers SIGKILLed under load
 
 soak: models ## Every endpoint mixed at ~70 % of capacity for SOAK_S seconds (600): memory and fds must not grow
 	$(PY) -m loadtests.soak --seconds $(or $(SOAK_S),600)
+
+simulate-replicas: tenants ## Tenants across 1-8 replicas: random vs consistent-hash vs bounded-load routing, a replica lost
+	$(PY) -m loadtests.replicas
 
 tenant-figures: tenants ## Zipf load over the N demo tenants with a 10 % memory budget: latency, hit rate, RSS
 	$(PY) -m loadtests.tenant_figures --tenants $(N)
