@@ -58,10 +58,12 @@ EXAMPLE = {
 }
 VERSION = 1
 LABELS = {"stable": VERSION}
-# TF Serving's own URL grammar (http_rest_api_util.cc).
+# TF Serving's own URL grammar (http_rest_api_util.cc), case-insensitive as its (?i) regexes are
+# (from /models on: the /v1 of the mount is BentoML's, and matched as written).
 _URL = re.compile(
     r"^/models/(?P<name>[^/:]+)(?:/versions/(?P<version>\d+)|/labels/(?P<label>[^/:]+))?"
-    r"(?::(?P<verb>predict)|/(?P<metadata>metadata))?$"
+    r"(?::(?P<verb>predict)|/(?P<metadata>metadata))?$",
+    re.IGNORECASE,
 )
 _DTYPES = {"int64": "DT_INT64", "int32": "DT_INT32", "float32": "DT_FLOAT"}
 # The same limits as the runner's own API (vocabulary, sequence length, sequences per call).
@@ -226,12 +228,12 @@ def tf_serving_app(servables: Callable[[], dict[str, Batcher]], contract: Contra
 
     async def predict(request: Request) -> JSONResponse:
         try:
+            name, _ = servable(request, servables)  # the URL first: a wrong one says so
             raw = await request.body()
             try:
                 body = json.loads(raw)
             except (ValueError, RecursionError) as exc:  # (nested deeper than Python parses)
                 raise Refused(400, f"JSON Parse error: {str(exc)[:200]}") from None
-            name, _ = servable(request, servables)
             form, ids = sequences(body, contract)
             rows, _ = await servables()[name].submit(ids)
         except Refused as exc:
@@ -240,7 +242,12 @@ def tf_serving_app(servables: Callable[[], dict[str, Batcher]], contract: Contra
             return exc.response()  # {"error": ...} with Retry-After
         return JSONResponse({"predictions" if form == "instances" else "outputs": rows.tolist()})
 
-    async def malformed(request: Request) -> JSONResponse:
+    async def route(request: Request) -> JSONResponse:
+        """Every path under /v1: TF Serving's grammar decides, not Starlette's (case, verbs)."""
+        if request.method == "POST":
+            return await predict(request)
+        if request.method == "GET":
+            return await describe(request)
         return Refused(400, f"Malformed request: {request.method} {request.url.path}").response()
 
     async def describe(request: Request) -> JSONResponse:
@@ -253,14 +260,9 @@ def tf_serving_app(servables: Callable[[], dict[str, Batcher]], contract: Contra
             return exc.response()
         return JSONResponse(metadata(name, contract) if match["metadata"] else status())
 
-    return Starlette(
-        routes=[
-            Route("/models/{rest:path}", predict, methods=["POST"]),
-            Route("/models/{rest:path}", describe, methods=["GET"]),
-            # Anything else under /v1, as TF Serving answers it (BentoML's own 404 is plain text).
-            Route("/{rest:path}", malformed, methods=["GET", "POST", "PUT", "PATCH", "DELETE"]),
-        ]
-    )
+    # One route for all of /v1 (BentoML's own 404 for what no route matched is plain text).
+    methods = ["GET", "POST", "PUT", "PATCH", "DELETE"]
+    return Starlette(routes=[Route("/{rest:path}", route, methods=methods)])
 
 
 def _status_not_found(match: re.Match[str]) -> str:

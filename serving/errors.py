@@ -38,6 +38,12 @@ class ApiError(Exception):
         return JSONResponse(self.body(), status_code=self.status, headers=self.headers())
 
 
+class TooManyTokens(ApiError):
+    """413: one request holds more tokens than a queue ever admits."""
+
+    status = 413
+
+
 class Overloaded(ApiError):
     """Load shedding: the request cannot be served in time. Always carries Retry-After."""
 

@@ -12,7 +12,6 @@ BentoML's, and the route needs none of BentoML's per-request input machinery.
 
 from __future__ import annotations
 
-import logging
 import re
 from collections.abc import Callable
 from typing import Annotated, Any, Protocol
@@ -30,9 +29,8 @@ from services.tokenizer.schemas import VISIBLE
 from services.tokenizer.settings import SETTINGS, Backend
 from services.tokenizer.vectors import Encoding, encode
 from serving.contracts import EMBEDDING_DIM
-from serving.errors import ApiError, Overloaded
+from serving.errors import ApiError, Overloaded, TooManyTokens
 
-log = logging.getLogger(__name__)
 MOUNT = "/v1"
 EMBEDDINGS_PATH = f"{MOUNT}/embeddings"
 MODELS_PATH = f"{MOUNT}/models"
@@ -291,6 +289,8 @@ def openai_app(service: Callable[[], Embedding]) -> Starlette:
             return exc.response()
         except Overloaded as exc:
             return _overloaded(exc).response()
+        except TooManyTokens as exc:  # OpenAI's answer to a request over its limit: a 400
+            return OpenAIError(400, exc.message, param="input").response()
         except ApiError as exc:  # a runner's refusal passed on (e.g. 507): its status, our shape
             return OpenAIError(exc.status, exc.message, kind=_kind(exc.status)).response()
         used = sum(tokens)
@@ -320,10 +320,12 @@ def openai_app(service: Callable[[], Embedding]) -> Starlette:
 
     async def http_error(_: Request, exc: Exception) -> Response:
         status = getattr(exc, "status_code", 500)
-        return OpenAIError(status, str(getattr(exc, "detail", "")), kind=_kind(status)).response()
+        detail = str(getattr(exc, "detail", ""))
+        headers = getattr(exc, "headers", None)  # a 405's Allow
+        return OpenAIError(status, detail, kind=_kind(status), headers=headers).response()
 
     async def server_error(_: Request, exc: Exception) -> Response:
-        log.exception("/v1 request failed", exc_info=exc)
+        # Starlette re-raises after this answer is sent, so the server logs the error once.
         return OpenAIError(500, "internal error", kind="server_error").response()
 
     return Starlette(

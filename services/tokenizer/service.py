@@ -41,7 +41,7 @@ from services.tokenizer.vectors import encode
 from serving.batching import Admission, TokenQueue
 from serving.batching.metrics import Recorder
 from serving.error_bodies import ConformingErrors
-from serving.errors import replies_on_error
+from serving.errors import TooManyTokens, replies_on_error
 from serving.features import cosine
 from serving.openapi_docs import OpenApiDocs
 from serving.protocol import Classified, Deleted, Registered, TenantInfo, timing_headers
@@ -139,6 +139,14 @@ class Tokenizer:
         per text, timing headers. Every embedding route (ours and OpenAI's) comes through here."""
         started = time.perf_counter()
         ids = await self.text.run(self.text.minilm, texts)
+        tokens = sum(map(len, ids))
+        if tokens > SETTINGS.max_queue_tokens:
+            # More than the queue ever holds: refused whenever anything waits, and alone it would
+            # run past the deadline. Split it.
+            raise TooManyTokens(
+                f"input has {tokens} tokens; at most {SETTINGS.max_queue_tokens} per request: "
+                "send fewer texts per request"
+            )
         tokenized = time.perf_counter()
         embedded = await self.backends[backend].embed(ids)
         headers = {

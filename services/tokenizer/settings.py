@@ -30,7 +30,8 @@ class TokenizerSettings(ServiceSettings):
         2048,
         ge=1,
         description="Texts per /v1/embeddings request: OpenAI's own limit, so clients that batch up "
-        "to it (LangChain sends 1,000) work unchanged.",
+        "to it (LangChain sends 1,000) work unchanged. A request over max_queue_tokens tokens is "
+        "refused whatever its count (400 here, 413 on /embed).",
     )
     max_chars: int = Field(
         10_000,

@@ -21,8 +21,9 @@ TEXTS = ["A man is eating food.", "How do I reset my password?", "hello"]
 
 @pytest.fixture(scope="module")
 def graph_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    # A queue that holds little, so that a burst from this module overflows it (429); one request
-    # at a time is never refused (nothing waits), so every other test here is unaffected.
+    # A queue that holds little (64 tokens), so that a burst from this module overflows it (429);
+    # one request at a time is never refused (nothing waits), so the other tests here, whose
+    # requests hold under 64 tokens, are unaffected.
     env = {
         "BUNDLE_TENANTS_STORE": str(tmp_path_factory.mktemp("openai-tenants")),
         "BUNDLE_TOKENIZER_MAX_QUEUE_TOKENS": "64",
@@ -113,6 +114,8 @@ def test_errors_map_to_the_sdks_exceptions(sdk: openai.OpenAI) -> None:
         (["ok", " "], "input[1] is empty or blank"),
         (["ok"] * 2049, "input has 2049 texts; at most 2048"),
         ("x" * 10_001, "input has 10001 characters; at most 10000"),
+        # More tokens than the queue ever holds (64 here): refused at once, not left to be shed.
+        (["hello world"] * 20, "input has 80 tokens; at most 64 per request"),
     ):
         with pytest.raises(openai.BadRequestError) as refused:
             sdk.embeddings.create(model="all-MiniLM-L6-v2", input=bad_input)
@@ -158,7 +161,7 @@ def test_overload_is_a_rate_limit_error_with_retry_after(
     could not finish in time, InternalServerError (503), both with Retry-After and OpenAI's shape;
     then, with its own retries on and the burst over, the same call succeeds."""
     stop = threading.Event()
-    bulk = {"texts": ["a long sentence to keep the queue busy for a while"] * 32}
+    bulk = {"texts": ["a long sentence to keep the queue busy for a while"] * 4}  # 52 tokens
 
     def flood() -> None:
         with httpx.Client(base_url=graph_url, timeout=60) as client:
@@ -171,7 +174,7 @@ def test_overload_is_a_rate_limit_error_with_retry_after(
         try:
             for _ in range(300):
                 try:
-                    sdk.embeddings.create(model="all-MiniLM-L6-v2", input=TEXTS * 8)
+                    sdk.embeddings.create(model="all-MiniLM-L6-v2", input=TEXTS)  # 20 tokens
                 except (openai.RateLimitError, openai.InternalServerError) as exc:
                     shed.append(exc)
                     if isinstance(exc, openai.RateLimitError):

@@ -144,6 +144,7 @@ def test_status_and_metadata_match_the_contract(runner: str) -> None:
         ("get", "/v1/models/minilm/other/thing", None, 400, "Malformed request"),
         ("get", "/v1/models/bert:predict", None, 400, "Malformed request"),
         ("get", "/v1/other", None, 400, "Malformed request: GET /v1/other"),
+        ("post", "/v1/models/bert:predict", None, 404, "Latest(bert)"),  # the URL before the body
         ("delete", "/v1/models/minilm", None, 400, "Malformed request"),
         ("post", "/v1/models/minilm/metadata", {}, 400, "Malformed request"),
         ("post", "/v1/models/minilm:predict", {"inputs": {"input_ids": [IDS], "token_type_ids": [[0, 1, 1, 1]]}}, 400, "token_type_ids must be 0"),
@@ -165,6 +166,14 @@ def test_a_mask_given_as_strings_or_floats_strips_the_same(runner: str) -> None:
         reply = httpx.post(f"{runner}/v1/models/minilm:predict", json=padded)
         assert reply.status_code == 200, reply.text
         np.testing.assert_allclose(reply.json()["outputs"], plain.json()["outputs"], atol=1e-6)
+
+
+def test_urls_are_case_insensitive_as_tf_servings_are(runner: str) -> None:
+    body = {"inputs": {"input_ids": [IDS]}}
+    reply = httpx.post(f"{runner}/v1/Models/minilm/Versions/1:PREDICT", json=body)
+    assert reply.status_code == 200 and len(reply.json()["outputs"][0]) == 384, reply.text
+    bad = httpx.post(f"{runner}/v1/models/minilm/metadata", content=b"{not json")
+    assert bad.status_code == 400 and "Malformed request" in bad.json()["error"]
 
 
 def test_json_nested_too_deep_is_a_400(runner: str) -> None:
