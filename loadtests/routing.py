@@ -1,8 +1,9 @@
-"""HAProxy's consistent hashing with bounded load, modelled faithfully, to simulate tenant routing.
+"""HAProxy's consistent hashing with bounded load, modelled from its source, to simulate routing.
 
-The proxy in front of the tenant-runner replicas is to route with ``balance hdr(X-Tenant)``,
-``hash-type consistent`` and ``hash-balance-factor``; this is that rule, from HAProxy's source
-(src/lb_chash.c, src/hash.c, backend.c; the same logic from 2.2 to 2.6):
+The proxy to be put in front of the tenant-runner replicas is to hash the tenant with
+``hash-type consistent`` and ``hash-balance-factor`` (and ``weight 16`` on every server); this is
+that rule as HAProxy's source has it (src/lb_chash.c, src/hash.c, backend.c; the same logic from
+2.2 to 2.6). Not yet compared with a running HAProxy: that comes with the proxy's container test.
 - the key is hashed with sdbm, then Bob Jenkins' ``full_hash`` (the "avalanche" modifier, on by
   default with ``hash-type consistent``);
 - each server of weight w puts 16·w points on a 32-bit ring, point n at
