@@ -23,9 +23,10 @@ DOCKER_PATH := /usr/bin:/usr/sbin:$(PATH)
 BASE_IMAGE_CMD := $(if $(BASE_IMAGE),PATH=$(DOCKER_PATH) deploy/engine/base-image.sh $(BASE_IMAGE),true)
 IMAGES_CMD := PATH=$(DOCKER_PATH) BASE_IMAGE=$(BASE_IMAGE) $(PY) deploy/bentos.py images \
 	--tag $(IMAGE_TAG) --only tokenizer,onnx-runner,tf-runner,tenant-runner \
-	&& PATH=$(DOCKER_PATH) docker build -q --build-arg BASE_IMAGE=$(or $(BASE_IMAGE),debian:bookworm) \
-	  -t bento-bundle/prometheus:$(IMAGE_TAG) deploy/prometheus >/dev/null \
-	&& echo "image bento-bundle/prometheus:$(IMAGE_TAG) built (deploy/prometheus)"
+	&& for image in proxy prometheus; do \
+	  PATH=$(DOCKER_PATH) docker build -q --build-arg BASE_IMAGE=$(or $(BASE_IMAGE),debian:bookworm) \
+	    -t bento-bundle/$$image:$(IMAGE_TAG) deploy/$$image >/dev/null \
+	  && echo "image bento-bundle/$$image:$(IMAGE_TAG) built (deploy/$$image)" || exit 1; done
 
 .PHONY: help install wrk tools models parity bench chaos soak tenants tenant-figures simulate-replicas serve test lint format clean \
 	bentos engine engine-stop base-image images test-containers
@@ -103,7 +104,7 @@ engine-stop: ## Stop the Docker engine `make engine` started (by PID), and clean
 base-image: engine ## Local Debian base image for containerize, where no registry is reachable
 	$(BASE_IMAGE_CMD)
 
-images: models base-image ## bentoml containerize each bento, and the Prometheus image (IMAGE_TAG, BASE_IMAGE)
+images: models base-image ## bentoml containerize each bento, the proxy's and Prometheus's images (IMAGE_TAG, BASE_IMAGE)
 	$(IMAGES_CMD)
 
 # One shell line, so that the engine this target started is stopped whatever fails before.

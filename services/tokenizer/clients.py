@@ -120,6 +120,11 @@ class TFRunnerClient:
         )
 
 
+# The tenant of every tenant-runner call, in a header: the proxy in front of tenant-runner replicas
+# routes by it (deploy/proxy/haproxy.cfg), so each tenant's model is loaded on one replica.
+TENANT_HEADER = "X-Bundle-Tenant"
+
+
 class TenantRunnerClient:
     """The multi-tenant runner: classification and the tenant registry."""
 
@@ -128,28 +133,30 @@ class TenantRunnerClient:
     def __init__(self, proxy: Any) -> None:
         self.proxy = proxy.to_async
 
+    def _for(self, tenant: str, api: str, **kwargs: Any) -> Callable[[], Awaitable[Any]]:
+        # BentoML's client takes per-call headers only in ``_call`` (its public ``call`` has none;
+        # bentoml is pinned, and tests/unit/test_clients.py pins that the header arrives).
+        endpoint = self.proxy.endpoints[api]
+        kwargs = {"tenant": tenant, **kwargs}
+        return lambda: self.proxy._call(endpoint, (), kwargs, headers={TENANT_HEADER: tenant})
+
     async def classify(self, tenant: str, ids: list[list[int]]) -> Classified:
-        result = await _call(self.name, lambda: self.proxy.classify(tenant=tenant, ids=ids))
-        return _as(Classified, result)
+        return _as(Classified, await _call(self.name, self._for(tenant, "classify", ids=ids)))
 
     async def train(
         self, tenant: str, ids: list[list[int]], intents: list[str], format: TenantFormat
     ) -> Registered:
-        result = await _call(
-            self.name,
-            lambda: self.proxy.train(tenant=tenant, ids=ids, intents=intents, format=format),
-        )
-        return _as(Registered, result)
+        send = self._for(tenant, "train", ids=ids, intents=intents, format=format)
+        return _as(Registered, await _call(self.name, send))
 
     async def upload(self, tenant: str, file: Path) -> Registered:
-        result = await _call(self.name, lambda: self.proxy.upload(tenant=tenant, file=file))
-        return _as(Registered, result)
+        return _as(Registered, await _call(self.name, self._for(tenant, "upload", file=file)))
 
     async def list_tenants(self) -> list[str]:
         return [str(name) for name in await _call(self.name, self.proxy.list_tenants)]
 
     async def show(self, tenant: str) -> TenantInfo:
-        return _as(TenantInfo, await _call(self.name, lambda: self.proxy.show(tenant=tenant)))
+        return _as(TenantInfo, await _call(self.name, self._for(tenant, "show")))
 
     async def delete(self, tenant: str) -> Deleted:
-        return _as(Deleted, await _call(self.name, lambda: self.proxy.delete(tenant=tenant)))
+        return _as(Deleted, await _call(self.name, self._for(tenant, "delete")))

@@ -42,6 +42,15 @@ class FakeProxy:
         self.json = json
         self.fail = fail or []
         self.calls: list[tuple[str, dict[str, Any]]] = []
+        self.headers: list[dict[str, str]] = []
+        self.endpoints = {api: api for api in ("classify", "train", "upload", "show", "delete")}
+
+    async def _call(
+        self, endpoint: str, args: tuple, kwargs: dict[str, Any], *, headers: dict[str, str]
+    ) -> Any:
+        # BentoML's client's own signature (an endpoint, then the arguments and headers).
+        self.headers.append(headers)
+        return await getattr(self, endpoint)(*args, **kwargs)
 
     def _answer(self, api: str, value: Any, **kwargs: Any) -> Any:
         self.calls.append((api, kwargs))
@@ -90,7 +99,13 @@ def test_tenant_client_answers_typed_models_either_way(json: bool) -> None:
             await client.delete("acme"),
         ]
 
+    proxy = client.proxy
     classified, trained, uploaded, names, info, deleted = asyncio.run(main())
+    # Every call of one tenant names it for the proxy; listing names none (any replica answers).
+    assert proxy.headers == [{"X-Bundle-Tenant": "acme"}] * 5
+    assert [api for api, _ in proxy.calls] == [
+        "classify", "train", "upload", "list_tenants", "show", "delete"
+    ]  # fmt: skip
     assert type(classified) is Classified and classified == CLASSIFIED
     assert type(trained) is Registered and trained == REGISTERED and uploaded == REGISTERED
     assert names == ["acme", "initech"]
@@ -142,3 +157,32 @@ def test_a_dead_connection_is_retried_once_then_reported_as_503() -> None:
     with pytest.raises(RunnerUnavailable) as info:
         asyncio.run(TenantRunnerClient(dead).classify("acme", [[5]]))
     assert info.value.status == 503 and info.value.headers() == {"Retry-After": "1"}
+
+
+def test_bentoml_client_sends_the_tenant_header_to_the_runner() -> None:
+    """The real client BentoML gives the tokenizer for a runner reached by URL, against the tenant
+    runner's own endpoints: the proxy's routing key arrives on the request, with the JSON body."""
+    from _bentoml_impl.client.http import AsyncHTTPClient
+    from starlette.applications import Starlette
+    from starlette.requests import Request
+    from starlette.responses import JSONResponse
+    from starlette.routing import Route
+
+    from runners.tenants.service import TenantRunner
+
+    seen: list[tuple[str, str | None, dict[str, Any]]] = []
+
+    async def classify(request: Request) -> JSONResponse:
+        seen.append((request.url.path, request.headers.get("x-bundle-tenant"), await request.json()))
+        return JSONResponse(CLASSIFIED.model_dump(mode="json"))
+
+    app = Starlette(routes=[Route("/classify", classify, methods=["POST"])])
+
+    class Proxy:
+        to_async = AsyncHTTPClient(
+            "http://tenant-runner", service=TenantRunner, app=app, server_ready_timeout=0
+        )
+
+    answer = asyncio.run(TenantRunnerClient(Proxy()).classify("acme", [[5, 6]]))
+    assert answer.model_dump() == CLASSIFIED.model_dump()
+    assert seen == [("/classify", "acme", {"tenant": "acme", "ids": [[5, 6]]})]
