@@ -29,7 +29,7 @@ IMAGES_CMD := PATH=$(DOCKER_PATH) BASE_IMAGE=$(BASE_IMAGE) $(PY) deploy/bentos.p
 	  && echo "image bento-bundle/$$image:$(IMAGE_TAG) built (deploy/$$image)" || exit 1; done
 
 .PHONY: help install wrk tools models parity bench chaos soak tenants tenant-figures simulate-replicas serve test lint format clean \
-	bentos engine engine-stop base-image images test-containers
+	bentos engine engine-stop base-image images test-containers test-swarm
 
 help: ## List the targets
 	@awk 'BEGIN {FS = ":.*## "} /^[a-z][a-z0-9-]*:.*## / {printf "  make %-16s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -111,6 +111,11 @@ images: models base-image ## bentoml containerize each bento, the proxy's and Pr
 test-containers: models ## The compose stack from real images: smoke, Locust, a restart; stops what it started
 	@status=0; $(ENGINE) start && $(BASE_IMAGE_CMD) && $(IMAGES_CMD) && \
 	  PATH=$(DOCKER_PATH) IMAGE_TAG=$(IMAGE_TAG) $(PY) -m pytest tests/containers -p no:cacheprovider \
+	  || status=$$?; $(ENGINE) stop; exit $$status
+
+test-swarm: models ## The same stack on a one-node Docker Swarm: smoke, replicas killed, a rolling update; leaves nothing
+	@status=0; $(ENGINE) start && $(BASE_IMAGE_CMD) && $(IMAGES_CMD) && \
+	  PATH=$(DOCKER_PATH) IMAGE_TAG=$(IMAGE_TAG) $(PY) -m pytest tests/swarm -p no:cacheprovider \
 	  || status=$$?; $(ENGINE) stop; exit $$status
 
 lint: install ## ruff lint and format check, the import layers, no code repeated across the serving packages

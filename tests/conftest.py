@@ -1,6 +1,7 @@
 """Test tiers by folder, and a guard that no process the suite started outlives it.
 
-Tiers: unit (fake engines), integration (real models in-process), e2e (real servers), containers.
+Tiers: unit (fake engines), integration (real models in-process), e2e (real servers), containers
+(the compose stack), swarm (the same stack on Docker Swarm).
 Each test is marked with its folder's tier, so ``pytest -m unit`` runs the fast ones alone.
 
 The guard: this process becomes the reaper of its orphaned descendants (a BentoML worker whose
@@ -19,7 +20,7 @@ import pytest
 
 from loadtests.processes import adopt_orphans, stop_processes
 
-TIERS = {"unit", "integration", "e2e", "containers"}
+TIERS = {"unit", "integration", "e2e", "containers", "swarm"}
 
 
 def pytest_configure(config: pytest.Config) -> None:

@@ -65,7 +65,7 @@ def test_headless_locust_has_no_failures(stack: Stack) -> None:
 # Scrape job → the service name BentoML labels its series with. Replicas are targets of one job.
 JOBS = {"tokenizer": "tokenizer", "onnx-runner": "onnx_runner", "tf-runner": "tf_runner",
         "tenant-runner": "tenant_runner"}  # fmt: skip
-REPLICAS = {"tokenizer": 1, "onnx-runner": 2, "tf-runner": 1, "tenant-runner": 3, "proxy": 1}
+REPLICAS = {"tokenizer": 2, "onnx-runner": 2, "tf-runner": 1, "tenant-runner": 3, "proxy": 1}
 # Recorded series the traffic above must have produced (tenant classify requests included).
 RECORDED = [
     "runner_name:bentoml_service_request:rate5m",

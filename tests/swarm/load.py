@@ -1,0 +1,90 @@
+"""A load client for the Swarm test, run in a container on the stack's network (the tokenizer's
+image, which has httpx): THREADS clients call the front door in a loop (embed, classify,
+similarity) until SIGTERM or SECONDS, compare every answer with the reference given, and print a
+JSON summary: counts, each failure (time, endpoint, status or error) and each wrong answer.
+
+    python load.py '{"url": ..., "threads": 4, "seconds": 300, "tenant": ..., "reference": {...}}'
+"""
+
+import json
+import math
+import signal
+import sys
+import threading
+import time
+
+import httpx
+
+stop = threading.Event()
+signal.signal(signal.SIGTERM, lambda *_: stop.set())
+
+
+def requests(spec: dict) -> list[tuple[str, dict]]:
+    ref = spec["reference"]
+    return [
+        ("/embed", {"texts": ref["embed_texts"]}),
+        ("/classify", {"tenant": spec["tenant"], "texts": ref["classify_texts"]}),
+        ("/similarity", {"pairs": ref["pairs"]}),
+    ]
+
+
+def correct(route: str, body: dict, ref: dict) -> bool:
+    if route == "/embed":
+        got, want = body["embeddings"], ref["embeddings"]
+        return len(got) == len(want) and all(
+            math.isclose(a, b, abs_tol=1e-4) for row, ref_row in zip(got, want) for a, b in zip(row, ref_row)
+        )
+    if route == "/classify":
+        return body["intents"] == ref["intents"]
+    return all(math.isclose(a, b, abs_tol=1e-4) for a, b in zip(body["scores"], ref["scores"]))
+
+
+def client(spec: dict, started: float, results: dict, lock: threading.Lock) -> None:
+    calls = requests(spec)
+    with httpx.Client(base_url=spec["url"], timeout=30) as http:
+        n = 0
+        while not stop.is_set() and time.monotonic() - started < spec["seconds"]:
+            route, payload = calls[n % len(calls)]
+            n += 1
+            at = round(time.monotonic() - started, 2)
+            try:
+                reply = http.post(route, json=payload)
+            except httpx.TransportError as exc:
+                outcome = {"at": at, "route": route, "error": type(exc).__name__}
+            else:
+                if reply.status_code != 200:
+                    outcome = {"at": at, "route": route, "status": reply.status_code, "body": reply.text[:200]}
+                elif not correct(route, reply.json(), spec["reference"]):
+                    outcome = {"at": at, "route": route, "wrong": reply.text[:200]}
+                else:
+                    outcome = None
+            with lock:
+                results["requests"] += 1
+                if outcome is None:
+                    results["ok"] += 1
+                    replica = reply.headers.get("x-bundle-replica")
+                    results["replicas"][replica] = results["replicas"].get(replica, 0) + 1
+                elif "wrong" in outcome:
+                    results["wrong"].append(outcome)
+                else:
+                    results["failed"].append(outcome)
+
+
+def main(spec: dict) -> dict:
+    results = {"requests": 0, "ok": 0, "failed": [], "wrong": [], "replicas": {}}
+    lock = threading.Lock()
+    started = time.monotonic()
+    threads = [
+        threading.Thread(target=client, args=(spec, started, results, lock))
+        for _ in range(spec["threads"])
+    ]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    results["seconds"] = round(time.monotonic() - started, 1)
+    return results
+
+
+if __name__ == "__main__":
+    print(json.dumps(main(json.loads(sys.argv[1]))), flush=True)

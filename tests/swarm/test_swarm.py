@@ -1,0 +1,262 @@
+"""The compose file on Docker Swarm (`make test-swarm`): a one-node swarm on the engine, the stack
+deployed with `docker stack deploy`, smoke through the proxy from a client container on the stack's
+network, a replica's container killed under load (Swarm replaces it; nothing fails beyond the
+requests in flight at the kill, nothing answers wrong), a rolling update of the tokenizer image
+under load with no failed request. Then the stack removed, the swarm left, and everything it
+created removed and checked gone. Every container is started, stopped and removed by its ID.
+
+Swarm's virtual IPs do not route on this machine: the services use endpoint_mode dnsrr and the
+proxy resolves replicas itself (deploy/README.md). Nothing is published: the client container
+joins the stack's attachable network. Needs a Docker engine that is in no swarm, and the images
+(`make test-swarm` provides both and stops the engine it started).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from loadtests.processes import ROOT
+from models import demo_tenants as demo
+
+COMPOSE = ROOT / "deploy" / "compose" / "docker-compose.yml"
+LOAD = Path(__file__).with_name("load.py")
+LOGS = ROOT / "build" / "test-logs"
+PAIR = ["A man is eating food.", "A man is eating a piece of bread."]
+THREADS = 4  # the load's clients: at most this many requests are in flight at any moment
+TENANT = demo.tenant(7)
+
+# Trains a tenant through the front door (once the stack answers), then asks each endpoint once:
+# the answers every request under load is compared with.
+REFERENCE = """
+import json, sys, time
+import httpx
+spec = json.loads(sys.argv[1])
+http = httpx.Client(base_url=spec["url"], timeout=30)
+deadline = time.monotonic() + spec["wait_s"]
+while True:
+    try:
+        if http.post("/embed", json={"texts": ["ready?"]}).status_code == 200:
+            break
+    except httpx.TransportError:
+        pass
+    assert time.monotonic() < deadline, "the stack did not serve in time"
+    time.sleep(2)
+ready_s = spec["wait_s"] - (deadline - time.monotonic())
+trained = http.post("/tenants/train", json={"tenant": spec["tenant"], "examples": spec["examples"]})
+assert trained.status_code == 200, trained.text
+ref = {"embed_texts": spec["pair"], "classify_texts": spec["classify"], "pairs": [spec["pair"]]}
+ref["embeddings"] = http.post("/embed", json={"texts": spec["pair"]}).json()["embeddings"]
+ref["intents"] = http.post("/classify", json={"tenant": spec["tenant"], "texts": spec["classify"]}).json()["intents"]
+ref["scores"] = http.post("/similarity", json={"pairs": [spec["pair"]]}).json()["scores"]
+print(json.dumps({"reference": ref, "ready_s": ready_s}))
+"""
+
+
+def docker(
+    *args: str, timeout: float = 300, check: bool = True, env: dict[str, str] | None = None
+) -> str:
+    # Debian's docker client first on PATH (deploy/engine/engine.sh).
+    env = {**os.environ, "PATH": f"/usr/bin:{os.environ['PATH']}", **(env or {})}
+    proc = subprocess.run(
+        ["docker", *args], env=env, capture_output=True, text=True, timeout=timeout
+    )
+    if check:
+        assert proc.returncode == 0, f"docker {' '.join(args[:3])}: {proc.stderr[-3000:]}"
+    return proc.stdout.strip()
+
+
+@dataclass
+class Swarm:
+    stack: str
+    tag: str
+    clients: list[str] = field(default_factory=list)  # IDs of the client containers started
+    reference: dict = field(default_factory=dict)
+
+    @property
+    def network(self) -> str:
+        return f"{self.stack}_internal"
+
+    def start_client(self, script: str, spec: dict) -> str:
+        """A client container on the stack's network running ``script``; its ID."""
+        cid = docker(
+            "run", "-d", "--network", self.network, "--entrypoint", "python",
+            f"bento-bundle/tokenizer:{self.tag}", "-c", script, json.dumps(spec),
+        )  # fmt: skip
+        self.clients.append(cid)
+        return cid
+
+    def finish_client(self, cid: str, timeout: float = 600) -> dict:
+        """Waits for the client to exit (SIGTERM first to stop a load early), its JSON result."""
+        status = docker("wait", cid, timeout=timeout)
+        out = docker("logs", cid)
+        docker("rm", cid)
+        self.clients.remove(cid)
+        assert status == "0", f"client exited {status}: {out[-2000:]}"
+        return json.loads(out.splitlines()[-1])
+
+    def containers(self, service: str) -> list[str]:
+        return docker(
+            "ps", "-q", "--filter", f"label=com.docker.swarm.service.name={self.stack}_{service}"
+        ).split()
+
+    def unconverged(self) -> list[str]:
+        """Services with fewer replicas running than desired, as "name running/desired"."""
+        rows = docker("stack", "services", self.stack, "--format", "{{.Name}} {{.Replicas}}")
+        return [row for row in rows.splitlines() if len(set(row.split()[1].split("/"))) != 1]
+
+    def replicas(self, service: str) -> tuple[int, int]:
+        running, desired = docker(
+            "service", "ls", "--filter", f"name={self.stack}_{service}", "--format", "{{.Replicas}}"
+        ).split()[0].split("/")
+        return int(running), int(desired)
+
+
+def leftovers(stack: str) -> dict[str, str]:
+    label = f"label=com.docker.stack.namespace={stack}"
+    found = {
+        "containers": docker("ps", "-aq", "--filter", label),
+        "networks": docker("network", "ls", "-q", "--filter", label),
+        "volumes": docker("volume", "ls", "-q", "--filter", f"name={stack}_"),
+        "swarm": docker("info", "--format", "{{.Swarm.LocalNodeState}}").replace("inactive", ""),
+        "docker_gwbridge": docker("network", "ls", "-q", "--filter", "name=^docker_gwbridge$"),
+    }
+    return {what: ids for what, ids in found.items() if ids}
+
+
+def save_logs(stack: str) -> None:
+    """Every container of the stack's log, to build/test-logs/swarm.log (`docker service logs`
+    can hang on a task that is gone; a container's own log does not)."""
+    LOGS.mkdir(parents=True, exist_ok=True)
+    label = f"label=com.docker.stack.namespace={stack}"
+    with open(LOGS / "swarm.log", "w") as log:
+        for cid in docker("ps", "-aq", "--filter", label, check=False).split():
+            try:
+                name = docker("inspect", "--format", "{{.Name}}", cid, check=False, timeout=30)
+                out = subprocess.run(
+                    ["/usr/bin/docker", "logs", cid], capture_output=True, text=True, timeout=30
+                )
+                log.write(f"===== {name} =====\n{out.stdout}{out.stderr}")
+            except subprocess.TimeoutExpired:
+                log.write(f"===== {cid}: no log within 30 s =====\n")
+
+
+def load(swarm: Swarm, seconds: float) -> str:
+    return swarm.start_client(
+        LOAD.read_text(),
+        {"url": "http://proxy:8080", "threads": THREADS, "seconds": seconds,
+         "tenant": TENANT.name, "reference": swarm.reference},
+    )  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def swarm() -> Iterator[Swarm]:
+    state = docker("info", "--format", "{{.Swarm.LocalNodeState}}")
+    assert state == "inactive", (
+        f"this engine's swarm state is {state!r}: the test makes a swarm of its own and leaves it"
+        " after, so it needs an engine in no swarm"
+    )
+    swarm = Swarm(f"bundle-swarm-{uuid.uuid4().hex[:6]}", os.environ.get("IMAGE_TAG", "latest"))
+    # Swarm's control port on loopback only: this one node is the whole swarm.
+    docker("swarm", "init", "--advertise-addr", "127.0.0.1", "--listen-addr", "127.0.0.1:2377")
+    try:
+        started = time.monotonic()
+        docker(
+            "stack", "deploy", "--compose-file", str(COMPOSE), swarm.stack,
+            env={"IMAGE_TAG": swarm.tag, "ADMIN_ENABLED": "true"},  # the compose file reads them
+        )  # fmt: skip
+        examples = [{"text": t, "intent": i} for t, i in TENANT.train]
+        cid = swarm.start_client(
+            REFERENCE,
+            {"url": "http://proxy:8080", "wait_s": 240, "tenant": TENANT.name,
+             "examples": examples, "pair": PAIR, "classify": [TENANT.train[0][0]]},
+        )  # fmt: skip
+        answer = swarm.finish_client(cid)
+        swarm.reference = answer["reference"]
+        # Serving needs one replica of each; the tests need them all. (A tokenizer that started
+        # before the runners answered exited, and Swarm is starting it again.)
+        deadline = time.monotonic() + 240
+        while pending := swarm.unconverged():
+            assert time.monotonic() < deadline, f"not all replicas running: {pending}"
+            time.sleep(2)
+        print(f"stack deployed and serving in {time.monotonic() - started:.0f} s")
+        yield swarm
+    finally:
+        save_logs(swarm.stack)
+        for cid in list(swarm.clients):
+            docker("rm", "-f", cid, check=False)
+        docker("stack", "rm", swarm.stack, check=False)
+        deadline = time.monotonic() + 120  # the tasks stop, then their networks can go
+        while docker("ps", "-aq", "--filter", f"label=com.docker.stack.namespace={swarm.stack}"):
+            assert time.monotonic() < deadline, "the stack's containers did not stop"
+            time.sleep(2)
+        docker("swarm", "leave", "--force")
+        # Left behind by Swarm otherwise: the gateway bridge it made, the stack's volumes, the tag.
+        docker("network", "rm", "docker_gwbridge", check=False)
+        for volume in docker("volume", "ls", "-q", "--filter", f"name={swarm.stack}_").split():
+            docker("volume", "rm", volume, check=False)
+        docker("image", "rm", f"bento-bundle/tokenizer:rollout-{swarm.stack}", check=False)
+        assert not leftovers(swarm.stack), leftovers(swarm.stack)
+
+
+def test_smoke_embed_similarity_classify(swarm: Swarm) -> None:
+    ref = swarm.reference
+    vectors = np.array(ref["embeddings"])
+    assert vectors.shape == (2, 384)
+    assert np.allclose(np.linalg.norm(vectors, axis=1), 1, atol=1e-3)
+    assert abs(ref["scores"][0] - 0.755) < 0.01
+    assert ref["intents"] == [TENANT.train[0][1]]
+    assert swarm.replicas("tokenizer") == (2, 2) and swarm.replicas("onnx-runner") == (2, 2)
+
+
+def test_killed_replicas_are_replaced_and_nothing_answers_wrong(swarm: Swarm) -> None:
+    """One of the ONNX runner's two replicas and the one replica of tenant-runner-2, SIGKILLed
+    under load: the proxy sends their requests to the others, Swarm starts new containers."""
+    killed = [swarm.containers("onnx-runner")[0], swarm.containers("tenant-runner-2")[0]]
+    cid = load(swarm, seconds=40)
+    time.sleep(10)
+    docker("kill", *killed)
+    result = swarm.finish_client(cid)
+    print(f"{result['requests']} requests, {len(result['failed'])} failed: {result['failed']}")
+    assert result["wrong"] == [], result["wrong"]
+    # Only requests in flight at the kill may fail: THREADS clients, so at most THREADS of them.
+    assert len(result["failed"]) <= THREADS, result["failed"]
+    assert result["ok"] > 100, result
+    deadline = time.monotonic() + 180
+    while (swarm.replicas("onnx-runner"), swarm.replicas("tenant-runner-2")) != ((2, 2), (1, 1)):
+        assert time.monotonic() < deadline, "Swarm did not replace the killed replicas"
+        time.sleep(2)
+    replaced = swarm.containers("onnx-runner") + swarm.containers("tenant-runner-2")
+    assert len(replaced) == 3 and not set(killed) & set(replaced)
+
+
+def test_rolling_update_of_the_tokenizer_under_load_fails_nothing(swarm: Swarm) -> None:
+    """A new tokenizer image rolled out one replica at a time, the new one started first."""
+    new = f"bento-bundle/tokenizer:rollout-{swarm.stack}"
+    docker("tag", f"bento-bundle/tokenizer:{swarm.tag}", new)
+    before = set(swarm.containers("tokenizer"))
+    cid = load(swarm, seconds=500)
+    time.sleep(5)
+    started = time.monotonic()
+    docker("service", "update", "--detach=false", "--image", new, f"{swarm.stack}_tokenizer")
+    took = time.monotonic() - started
+    time.sleep(5)
+    docker("kill", "--signal", "TERM", cid)
+    result = swarm.finish_client(cid)
+    print(f"rolled out in {took:.0f} s; {result['requests']} requests, replicas {result['replicas']}")
+    assert result["failed"] == [] and result["wrong"] == [], result
+    assert result["ok"] > 100, result
+    spec = docker("service", "inspect", "--format", "{{.Spec.TaskTemplate.ContainerSpec.Image}}",
+                  f"{swarm.stack}_tokenizer")  # fmt: skip
+    assert spec.startswith(new), spec
+    after = set(swarm.containers("tokenizer"))
+    assert len(after) == 2 and not before & after  # both replicas replaced
