@@ -57,7 +57,18 @@ $(PROMTOOL):
 	  && dpkg -x prometheus_*.deb prometheus && rm -f prometheus_*.deb
 	@$(PROMTOOL) --version >/dev/null
 
-tools: wrk $(PROMTOOL) ## System tools: wrk, docker-compose (deploy checks), promtool, Debian's; kubectl (must be present)
+# HAProxy checks the proxy's configs and runs in the routing tests: Debian's package and the
+# libraries it links that this machine lacks, unpacked here, not installed (no service set up).
+HAPROXY_ROOT := build/tools/haproxy
+HAPROXY := $(HAPROXY_ROOT)/usr/sbin/haproxy
+$(HAPROXY):
+	@echo "fetching haproxy (Debian's package and its libraries, unpacked under build/tools) …"
+	@mkdir -p build/tools/haproxy-debs $(HAPROXY_ROOT) && cd build/tools/haproxy-debs && rm -f *.deb \
+	  && apt-get download -q haproxy liblua5.3-0 libopentracing-c-wrapper0 libopentracing1 >/dev/null 2>&1 \
+	  && for deb in *.deb; do dpkg -x $$deb ../haproxy; done && cd .. && rm -rf haproxy-debs
+	@LD_LIBRARY_PATH=$(HAPROXY_ROOT)/usr/lib/x86_64-linux-gnu $(HAPROXY) -v >/dev/null
+
+tools: wrk $(PROMTOOL) $(HAPROXY) ## System tools: wrk, docker-compose (deploy checks), promtool and haproxy, Debian's; kubectl (must be present)
 	@command -v docker-compose >/dev/null || { echo "installing docker-compose (Debian package) …"; \
 	  $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -q docker-compose >/dev/null; }
 	@command -v kubectl >/dev/null || { echo "error: kubectl not found: install it (it renders deploy/k8s offline)"; exit 1; }
@@ -90,7 +101,7 @@ serve: models ## Serve the whole graph on $(HOST):$(PORT) (Swagger UI at /)
 	$(BENTOML) serve . --host $(HOST) --port $(PORT)
 
 test: models tools ## Run every test (unit, integration, end to end)
-	PROMTOOL=$(PROMTOOL) $(PY) -m pytest
+	PROMTOOL=$(PROMTOOL) HAPROXY_ROOT=$(HAPROXY_ROOT) $(PY) -m pytest
 
 bentos: models ## Build a bento per service and the whole-graph bento (bentoml build, locking on)
 	$(PY) deploy/bentos.py build

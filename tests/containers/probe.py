@@ -31,7 +31,9 @@ def ask(client: httpx.Client, tenant: str, ids: list) -> dict:
         )
     except httpx.TransportError as exc:
         return {"status": 0, "error": type(exc).__name__}
-    body = reply.json() if reply.headers.get("content-type", "").startswith("application/json") else {}
+    body = (
+        reply.json() if reply.headers.get("content-type", "").startswith("application/json") else {}
+    )
     return {
         "status": reply.status_code,
         "replica": reply.headers.get("x-bundle-replica"),

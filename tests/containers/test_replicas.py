@@ -31,7 +31,9 @@ def tenants(stack: Stack) -> list[list]:
 
     def train(spec: demo.DemoTenant) -> None:
         examples = [{"text": text, "intent": intent} for text, intent in spec.train]
-        reply = stack.client.post("/tenants/train", json={"tenant": spec.name, "examples": examples})
+        reply = stack.client.post(
+            "/tenants/train", json={"tenant": spec.name, "examples": examples}
+        )
         assert reply.status_code == 200, reply.text
 
     with ThreadPoolExecutor(4) as pool:
@@ -60,7 +62,9 @@ def test_each_tenant_is_answered_by_the_replica_the_ring_names(placed: dict) -> 
         assert {a["replica"] for a in answers} == {replica_of(ring.server(spec.name))}, answers
         # Loaded once, on the first request; the next two are hits on the same replica.
         assert [a["cache"] for a in answers] == ["miss", "hit", "hit"], answers
-    spread = {r: sum(placed["answers"][s.name][0]["replica"] == r for s in TENANTS) for r in REPLICAS}
+    spread = {
+        r: sum(placed["answers"][s.name][0]["replica"] == r for s in TENANTS) for r in REPLICAS
+    }
     print(f"tenants per replica: {spread}")
     assert all(count > 0 for count in spread.values()), spread
 

@@ -28,15 +28,24 @@ def requests(spec: dict) -> list[tuple[str, dict]]:
     ]
 
 
+def close(got: list, want: list) -> bool:
+    """Two lists of floats (or of lists of floats) equal within 1e-4, shapes included."""
+    if len(got) != len(want):
+        return False
+    return all(
+        close(a, b)
+        if isinstance(b, list)
+        else isinstance(a, float) and math.isclose(a, b, abs_tol=1e-4)
+        for a, b in zip(got, want, strict=True)
+    )
+
+
 def correct(route: str, body: dict, ref: dict) -> bool:
     if route == "/embed":
-        got, want = body["embeddings"], ref["embeddings"]
-        return len(got) == len(want) and all(
-            math.isclose(a, b, abs_tol=1e-4) for row, ref_row in zip(got, want) for a, b in zip(row, ref_row)
-        )
+        return close(body["embeddings"], ref["embeddings"])
     if route == "/classify":
         return body["intents"] == ref["intents"]
-    return all(math.isclose(a, b, abs_tol=1e-4) for a, b in zip(body["scores"], ref["scores"]))
+    return close(body["scores"], ref["scores"])
 
 
 def client(spec: dict, started: float, results: dict, lock: threading.Lock) -> None:
@@ -53,7 +62,12 @@ def client(spec: dict, started: float, results: dict, lock: threading.Lock) -> N
                 outcome = {"at": at, "route": route, "error": type(exc).__name__}
             else:
                 if reply.status_code != 200:
-                    outcome = {"at": at, "route": route, "status": reply.status_code, "body": reply.text[:200]}
+                    outcome = {
+                        "at": at,
+                        "route": route,
+                        "status": reply.status_code,
+                        "body": reply.text[:200],
+                    }
                 elif not correct(route, reply.json(), spec["reference"]):
                     outcome = {"at": at, "route": route, "wrong": reply.text[:200]}
                 else:

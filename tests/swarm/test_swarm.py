@@ -115,9 +115,18 @@ class Swarm:
         return [row for row in rows.splitlines() if len(set(row.split()[1].split("/"))) != 1]
 
     def replicas(self, service: str) -> tuple[int, int]:
-        running, desired = docker(
-            "service", "ls", "--filter", f"name={self.stack}_{service}", "--format", "{{.Replicas}}"
-        ).split()[0].split("/")
+        running, desired = (
+            docker(
+                "service",
+                "ls",
+                "--filter",
+                f"name={self.stack}_{service}",
+                "--format",
+                "{{.Replicas}}",
+            )
+            .split()[0]
+            .split("/")
+        )
         return int(running), int(desired)
 
 
@@ -252,7 +261,9 @@ def test_rolling_update_of_the_tokenizer_under_load_fails_nothing(swarm: Swarm) 
     time.sleep(5)
     docker("kill", "--signal", "TERM", cid)
     result = swarm.finish_client(cid)
-    print(f"rolled out in {took:.0f} s; {result['requests']} requests, replicas {result['replicas']}")
+    print(
+        f"rolled out in {took:.0f} s; {result['requests']} requests, replicas {result['replicas']}"
+    )
     assert result["failed"] == [] and result["wrong"] == [], result
     assert result["ok"] > 100, result
     spec = docker("service", "inspect", "--format", "{{.Spec.TaskTemplate.ContainerSpec.Image}}",

@@ -173,7 +173,9 @@ def test_bentoml_client_sends_the_tenant_header_to_the_runner() -> None:
     seen: list[tuple[str, str | None, dict[str, Any]]] = []
 
     async def classify(request: Request) -> JSONResponse:
-        seen.append((request.url.path, request.headers.get("x-bundle-tenant"), await request.json()))
+        seen.append(
+            (request.url.path, request.headers.get("x-bundle-tenant"), await request.json())
+        )
         return JSONResponse(CLASSIFIED.model_dump(mode="json"))
 
     app = Starlette(routes=[Route("/classify", classify, methods=["POST"])])

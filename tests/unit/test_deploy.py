@@ -38,38 +38,66 @@ def tool(name: str) -> str:
 # --- docker-compose ---------------------------------------------------------------------------
 
 
-def compose_config(path: Path) -> subprocess.CompletedProcess[str]:
+OVERRIDE = COMPOSE.with_name("docker-compose.override.yml")
+TENANT_RUNNERS = {"tenant-runner-1", "tenant-runner-2", "tenant-runner-3"}
+RUNNERS = {"onnx-runner", "tf-runner"} | TENANT_RUNNERS
+
+
+def compose_config(*paths: Path) -> subprocess.CompletedProcess[str]:
+    files = [arg for path in paths for arg in ("-f", str(path))]
     return subprocess.run(
-        [tool("docker-compose"), "-f", str(path), "config"], capture_output=True, text=True
+        [tool("docker-compose"), *files, "config"], capture_output=True, text=True
     )
 
 
 def test_compose_file_passes_docker_compose_config() -> None:
-    proc = compose_config(COMPOSE)
+    """As docker-compose runs it (with its override: published ports, start order)."""
+    proc = compose_config(COMPOSE, OVERRIDE)
     assert proc.returncode == 0, proc.stderr
     services = yaml.safe_load(proc.stdout)["services"]
-    # A one-shot chown of the volume, and Prometheus.
-    assert set(services) == BENTOS | {"tenant-store-init", "prometheus"}
+    assert set(services) == {"proxy", "tokenizer", "prometheus"} | RUNNERS
     published = {name for name, s in services.items() if s.get("ports")}
-    assert published == {"tokenizer", "prometheus"}  # the runners speak pickle: never published
+    assert published == {"proxy", "prometheus"}  # the runners speak pickle: never published
     for name in published:  # loopback unless asked
         assert str(services[name]["ports"][0]).startswith("127.0.0.1:"), name
-    for name, service in ((n, services[n]) for n in BENTOS):
+    for name in RUNNERS | {"tokenizer"}:
+        service = services[name]
         assert "readyz" in " ".join(service["healthcheck"]["test"]), name
         assert service["restart"] == "unless-stopped", name
-        assert service.get("mem_limit") and service.get("cpus"), name
-    for runner in BENTOS - {"tokenizer"}:
-        assert services["tokenizer"]["depends_on"][runner]["condition"] == "service_healthy"
-        assert services[runner]["networks"] == {"internal": None}
-    assert services["tenant-runner"]["volumes"], "tenant models must survive restarts"
+        assert service["deploy"]["resources"]["limits"]["memory"], name
+        # Swarm: the proxy resolves replicas itself (virtual IPs do not route everywhere).
+        assert service["deploy"]["endpoint_mode"] == "dnsrr", name
+        assert service["deploy"]["update_config"]["order"] == "start-first", name
+    for name in RUNNERS:
+        assert set(services[name]["networks"]) == {"internal"}, name
+    assert services["tokenizer"]["depends_on"] == {"proxy": {"condition": "service_healthy"}}
+    tokenizer_env = services["tokenizer"]["environment"]
+    assert {tokenizer_env[f"BUNDLE_TOKENIZER_{k}_URL"] for k in ("ONNX", "TF", "TENANT")} == {
+        "http://proxy:3001", "http://proxy:3002", "http://proxy:3003"
+    }  # fmt: skip
+    for name in TENANT_RUNNERS:  # one store: each replica loads only its own tenants from it
+        assert str(services[name]["volumes"][0]).startswith("tenants:"), name
+    assert services["tokenizer"]["deploy"]["replicas"] == 2
+
+
+def test_the_compose_file_alone_is_what_swarm_deploys() -> None:
+    """`docker stack deploy -c docker-compose.yml` takes the file without the override: nothing in
+    it Swarm refuses (published ports, depends_on conditions) and a version it reads."""
+    spec = yaml.safe_load(COMPOSE.read_text())
+    assert spec["version"] == "3.8"
+    for name, service in spec["services"].items():
+        assert "ports" not in service and "depends_on" not in service, name
+    assert spec["networks"]["internal"]["attachable"] is True  # the swarm test's client joins it
+    swarm_ports = yaml.safe_load(COMPOSE.with_name("swarm-ports.yml").read_text())
+    assert set(swarm_ports["services"]) == {"proxy", "prometheus"}
 
 
 def test_a_broken_compose_file_fails_docker_compose_config(tmp_path: Path) -> None:
-    spec = yaml.safe_load(COMPOSE.read_text())
-    spec["services"]["tokenizer"]["depends_on"]["onnx-runner"] = {"condition": "whenever"}
-    broken = tmp_path / "docker-compose.yml"
+    spec = yaml.safe_load(OVERRIDE.read_text())
+    spec["services"]["tokenizer"]["depends_on"]["proxy"] = {"condition": "whenever"}
+    broken = tmp_path / "docker-compose.override.yml"
     broken.write_text(yaml.safe_dump(spec))
-    proc = compose_config(broken)
+    proc = compose_config(COMPOSE, broken)
     assert proc.returncode != 0 and "condition" in proc.stderr
 
 
@@ -100,7 +128,8 @@ def test_kustomizations_render_and_pass_strict_validation(kustomization: str) ->
         name = f"{resource['kind']}/{resource['metadata']['name']}"
         assert not k8s_errors(resource), (name, k8s_errors(resource))
     kinds = {r["kind"] for r in resources}
-    assert {"Deployment", "Service", "HorizontalPodAutoscaler", "PodDisruptionBudget"} <= kinds
+    assert {"Deployment", "StatefulSet", "Service", "HorizontalPodAutoscaler",
+            "PodDisruptionBudget", "ConfigMap", "NetworkPolicy"} <= kinds  # fmt: skip
 
 
 def test_the_cli_validator_agrees(tmp_path: Path) -> None:
@@ -112,36 +141,89 @@ def test_the_cli_validator_agrees(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
+def workloads(resources: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [r for r in resources if r["kind"] in ("Deployment", "StatefulSet")]
+
+
 @pytest.mark.parametrize("kustomization", KUSTOMIZATIONS)
 def test_every_pod_is_annotated_for_prometheus(kustomization: str) -> None:
-    deployments = [r for r in render(kustomization) if r["kind"] == "Deployment"]
-    assert deployments
-    for deployment in deployments:
-        annotations = deployment["spec"]["template"]["metadata"]["annotations"]
+    found = workloads(render(kustomization))
+    assert found
+    for workload in found:
+        annotations = workload["spec"]["template"]["metadata"]["annotations"]
+        port = "8404" if workload["metadata"]["name"] == "proxy" else "3000"  # HAProxy's exporter
         assert annotations == {
             "prometheus.io/scrape": "true",
-            "prometheus.io/port": "3000",
+            "prometheus.io/port": port,
             "prometheus.io/path": "/metrics",
-        }, deployment["metadata"]["name"]
+        }, workload["metadata"]["name"]
 
 
-def test_every_deployment_has_probes_resources_and_a_budget() -> None:
+def test_every_workload_has_probes_resources_and_a_budget() -> None:
     resources = render("base")
-    deployments = [r for r in resources if r["kind"] == "Deployment"]
-    assert {d["metadata"]["name"] for d in deployments} == BENTOS
-    for deployment in deployments:
-        for container in deployment["spec"]["template"]["spec"]["containers"]:
-            assert container["readinessProbe"]["httpGet"]["path"] == "/readyz"
-            assert container["livenessProbe"]["httpGet"]["path"] == "/livez"
+    found = {w["metadata"]["name"]: w for w in workloads(resources)}
+    assert set(found) == BENTOS | {"proxy"}
+    assert found["tenant-runner"]["kind"] == "StatefulSet"
+    for name, workload in found.items():
+        for container in workload["spec"]["template"]["spec"]["containers"]:
+            ready = "/healthz" if name == "proxy" else "/readyz"
+            assert container["readinessProbe"]["httpGet"]["path"] == ready, name
+            assert container["livenessProbe"], name
             assert container["resources"]["requests"] and container["resources"]["limits"]
-    hpa_targets = {
-        r["spec"]["scaleTargetRef"]["name"]
+    hpas = {
+        r["spec"]["scaleTargetRef"]["name"]: r
         for r in resources
         if r["kind"] == "HorizontalPodAutoscaler"
     }
-    assert {"tokenizer", "onnx-runner", "tf-runner"} <= hpa_targets
-    pdbs = [r for r in resources if r["kind"] == "PodDisruptionBudget"]
-    assert pdbs
+    assert {"tokenizer", "onnx-runner", "tf-runner", "tenant-runner"} <= set(hpas)
+    assert {r["spec"]["selector"]["matchLabels"]["app.kubernetes.io/name"]
+            for r in resources if r["kind"] == "PodDisruptionBudget"} == BENTOS | {"proxy"}  # fmt: skip
+    # The runners scale on queue depth, the metric prometheus-adapter serves (deploy/k8s/monitoring).
+    adapter = yaml.safe_load(
+        (DEPLOY / "k8s" / "monitoring" / "prometheus-adapter-values.yaml").read_text()
+    )
+    served = {rule["name"]["as"] for rule in adapter["rules"]["custom"]}
+    for runner in ("onnx-runner", "tf-runner", "tenant-runner"):
+        pods = [
+            m["pods"]["metric"]["name"]
+            for m in hpas[runner]["spec"]["metrics"]
+            if m["type"] == "Pods"
+        ]
+        assert pods == ["bundle_queued_tokens"] and set(pods) <= served, runner
+    metrics = (ROOT / "serving" / "batching" / "metrics.py").read_text()
+    assert 'name="bundle_queued_tokens"' in metrics  # the gauge the runners export
+
+
+def test_the_runners_are_reached_through_the_proxy_only() -> None:
+    resources = render("base")
+    tokenizer = next(w for w in workloads(resources) if w["metadata"]["name"] == "tokenizer")
+    env = {
+        e["name"]: e["value"] for e in tokenizer["spec"]["template"]["spec"]["containers"][0]["env"]
+    }
+    assert [env[f"BUNDLE_TOKENIZER_{k}_URL"] for k in ("ONNX", "TF", "TENANT")] == [
+        "http://proxy:3001", "http://proxy:3002", "http://proxy:3003"
+    ]  # fmt: skip
+    services = {r["metadata"]["name"]: r for r in resources if r["kind"] == "Service"}
+    for runner in ("onnx-runner", "tf-runner", "tenant-runner"):  # headless: the proxy sees pods
+        assert services[runner]["spec"]["clusterIP"] == "None", runner
+    policy = next(r for r in resources if r["metadata"]["name"] == "runners-from-proxy-only")
+    sources = [
+        peer.get("podSelector", {}).get("matchLabels")
+        for peer in policy["spec"]["ingress"][0]["from"]
+    ]
+    assert sources[0] == {"app.kubernetes.io/name": "proxy"}
+    proxy = next(w for w in workloads(resources) if w["metadata"]["name"] == "proxy")
+    config = next(
+        r
+        for r in resources
+        if r["kind"] == "ConfigMap" and r["metadata"]["name"].startswith("proxy-config")
+    )
+    volume = proxy["spec"]["template"]["spec"]["volumes"][0]["configMap"]["name"]
+    assert volume == config["metadata"]["name"]  # kustomize's hashed name, so a change rolls pods
+    assert (
+        config["data"]["haproxy.cfg"]
+        == (DEPLOY / "k8s" / "base" / "proxy" / "haproxy.cfg").read_text()
+    )
 
 
 def test_canary_and_blue_green_route_as_documented() -> None:

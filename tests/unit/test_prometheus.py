@@ -52,10 +52,18 @@ def test_the_config_is_valid_and_scrapes_every_service() -> None:
     config = yaml.safe_load((HERE / "prometheus.yml").read_text())
     jobs = {job["job_name"]: job for job in config["scrape_configs"]}
     compose = yaml.safe_load((ROOT / "deploy" / "compose" / "docker-compose.yml").read_text())
-    services = {"tokenizer", "onnx-runner", "tf-runner", "tenant-runner"}
-    assert services <= set(compose["services"])
-    for service in services:
-        assert jobs[service]["static_configs"][0]["targets"] == [f"{service}:3000"]
+    # Stateless services: every replica their name resolves to (compose and Swarm's dnsrr).
+    for service in ("tokenizer", "onnx-runner", "tf-runner"):
+        assert service in compose["services"]
+        assert jobs[service]["dns_sd_configs"] == [
+            {"names": [service], "type": "A", "port": 3000, "refresh_interval": "5s"}
+        ]
+    # Tenant runners: one service each, one job (BentoML labels their series tenant_runner).
+    tenant_runners = sorted(n for n in compose["services"] if n.startswith("tenant-runner-"))
+    assert jobs["tenant-runner"]["static_configs"][0]["targets"] == [
+        f"{n}:3000" for n in tenant_runners
+    ]
+    assert jobs["proxy"]["static_configs"][0]["targets"] == ["proxy:8404"]  # HAProxy's exporter
     # The config names the rules where the image puts them; checked here against a copy that
     # points at the files in the tree.
     config["rule_files"] = [str(r) for r in RULES]

@@ -1,0 +1,145 @@
+"""The routing model (loadtests/routing.py, which `make simulate-replicas` runs) against a real
+HAProxy running the tenant backend's own directives from deploy/proxy/haproxy.cfg: every tenant
+lands where the model says, a replica added takes only keys the model moves to it, and a hot tenant's
+concurrent requests spread exactly as the model's bounded load spreads them.
+
+HAProxy (Debian's, unpacked by `make tools`) and the backends (one tiny HTTP server per replica,
+naming itself) bind 127.0.0.1 and are stopped by PID and checked gone."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from collections import Counter
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import httpx
+import psutil
+import pytest
+
+from loadtests.processes import free_port, stop_processes
+from loadtests.routing import Ring
+from tests.unit.test_proxy_config import COMPOSE_CFG, haproxy, section
+
+# A replica: answers every GET with its name after ?sleep= seconds.
+BACKEND = """
+import sys, time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from urllib.parse import parse_qs, urlparse
+name = sys.argv[2].encode()
+class Handler(BaseHTTPRequestHandler):
+    def do_GET(self):
+        time.sleep(float(parse_qs(urlparse(self.path).query).get("sleep", ["0"])[0]))
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(name)))
+        self.end_headers()
+        self.wfile.write(name)
+    def log_message(self, *args):
+        pass
+ThreadingHTTPServer(("127.0.0.1", int(sys.argv[1])), Handler).serve_forever()
+"""
+KEYS = [f"tenant-{i:05d}" for i in range(300)]
+
+
+def config(front: int, ports: list[int]) -> str:
+    """The tenant backend's directives as deploy/proxy/haproxy.cfg has them (rule, weights, ids),
+    its servers here on loopback."""
+    rule = [
+        line for line in section(COMPOSE_CFG.read_text(), "backend tenant-runners")
+        if not line.startswith(("server ", "option httpchk"))
+    ]  # fmt: skip
+    servers = [f"server r{i} 127.0.0.1:{port} id {i} weight 16" for i, port in enumerate(ports, 1)]
+    return "\n".join(
+        ["global", "  maxconn 512", "defaults", "  mode http", "  timeout connect 2s",
+         "  timeout client 30s", "  timeout server 30s",
+         "frontend front", f"  bind 127.0.0.1:{front}", "  default_backend tenant-runners",
+         "backend tenant-runners", *(f"  {line}" for line in rule), *(f"  {s}" for s in servers)]
+    ) + "\n"  # fmt: skip
+
+
+class Proxy:
+    def __init__(self, tmp: Path, replicas: int) -> None:
+        self.ports = [free_port() for _ in range(replicas)]
+        self.front = free_port()
+        cfg = tmp / f"haproxy-{replicas}.cfg"
+        cfg.write_text(config(self.front, self.ports))
+        self.procs = [
+            subprocess.Popen([sys.executable, "-c", BACKEND, str(port), f"r{i}"])
+            for i, port in enumerate(self.ports, 1)
+        ]
+        self.procs.append(subprocess.Popen([*haproxy(), "-db", "-f", str(cfg)]))
+        self.client = httpx.Client(base_url=f"http://127.0.0.1:{self.front}", timeout=10)
+        deadline = time.monotonic() + 20
+        while not self.all_up():
+            assert time.monotonic() < deadline, "HAProxy or a backend did not start"
+            time.sleep(0.1)
+
+    def all_up(self) -> bool:
+        for port in self.ports:
+            try:
+                httpx.get(f"http://127.0.0.1:{port}/", timeout=1)
+            except httpx.TransportError:
+                return False
+        try:
+            return self.route("probe") > 0
+        except httpx.TransportError:
+            return False
+
+    def route(self, key: str, sleep: float = 0) -> int:
+        reply = self.client.get("/", params={"sleep": sleep}, headers={"X-Bundle-Tenant": key})
+        assert reply.status_code == 200, reply.text
+        # One at a time, 20 ms apart: with bounded load, a request HAProxy still counts in flight
+        # on a server would send the next one elsewhere (tested on its own below).
+        time.sleep(0.02)
+        return int(reply.text[1:])
+
+    def stop(self) -> None:
+        self.client.close()
+        pids = [proc.pid for proc in self.procs]
+        stop_processes([psutil.Process(pid) for pid in pids if psutil.pid_exists(pid)])
+        for proc in self.procs:
+            proc.wait(timeout=10)
+        assert not [pid for pid in pids if psutil.pid_exists(pid)]
+
+
+@pytest.fixture
+def proxies(tmp_path: Path) -> Iterator[callable]:
+    started: list[Proxy] = []
+
+    def start(replicas: int) -> Proxy:
+        started.append(Proxy(tmp_path, replicas))
+        return started[-1]
+
+    yield start
+    for proxy in started:
+        proxy.stop()
+
+
+def test_every_tenant_goes_where_the_model_says_and_an_added_replica_moves_only_its_own(
+    proxies,
+) -> None:
+    three, four = proxies(3), proxies(4)
+    on_three = {key: three.route(key) for key in KEYS}
+    on_four = {key: four.route(key) for key in KEYS}
+    assert on_three == {key: Ring([1, 2, 3], weight=16).server(key) for key in KEYS}
+    assert on_four == {key: Ring([1, 2, 3, 4], weight=16).server(key) for key in KEYS}
+    moved = [key for key in KEYS if on_three[key] != on_four[key]]
+    assert all(on_four[key] == 4 for key in moved)  # only to the new replica
+    assert len(moved) / len(KEYS) <= 1 / 4 + 0.08, len(moved)
+
+
+def test_a_hot_tenants_concurrent_requests_spread_as_the_bounded_load_model_says(proxies) -> None:
+    proxy = proxies(3)
+    concurrent = 12
+    # All 12 are in flight at once (each held 1.5 s): the model, fed the same arrivals.
+    ring, in_flight = Ring([1, 2, 3], weight=16), {1: 0, 2: 0, 3: 0}
+    for _ in range(concurrent):
+        in_flight[ring.bounded("hot-tenant", in_flight, factor=150)] += 1
+    with ThreadPoolExecutor(concurrent) as pool:
+        served = Counter(pool.map(lambda _: proxy.route("hot-tenant", 1.5), range(concurrent)))
+    assert served == Counter(in_flight), (served, in_flight)
+    # No replica above 1.5x the mean: the hot tenant spilled instead of queueing on one.
+    assert max(served.values()) <= 1.5 * concurrent / 3
