@@ -28,7 +28,7 @@ IMAGES_CMD := PATH=$(DOCKER_PATH) BASE_IMAGE=$(BASE_IMAGE) $(PY) deploy/bentos.p
 	    -t bento-bundle/$$image:$(IMAGE_TAG) deploy/$$image >/dev/null \
 	  && echo "image bento-bundle/$$image:$(IMAGE_TAG) built (deploy/$$image)" || exit 1; done
 
-.PHONY: help install wrk tools models parity bench chaos soak tenants tenant-figures simulate-replicas serve test lint format clean \
+.PHONY: help install wrk tools models parity bench chaos soak tenants tenants-mixed tenant-figures simulate-replicas serve test lint format clean \
 	bentos engine engine-stop base-image images test-containers test-swarm
 
 help: ## List the targets
@@ -79,8 +79,16 @@ models: install ## Build every model into the BentoML model store (FORCE=1 rebui
 parity: models ## Parity report of every backend against PyTorch (build/parity.json)
 	$(PY) -m models.parity
 
-tenants: models ## Build N demo tenants (default 1000) into the tenant store, reusing those built
-	$(PY) -m tools.tenants demo --count $(N) $(if $(FORCE),--force)
+# Whole-model demo tenants (ONNX, every fourth TF) live in a store of their own, so that the head
+# tenants of `make tenants` and these never replace each other.
+MIXED_STORE ?= $(HOME)/bentoml/tenants-mixed
+
+# One BLAS thread: a head's matrices are small, and a second thread only contends for the cores.
+tenants: models ## Build N demo head tenants (default 1000; N=10000 takes minutes) into the tenant store, reusing those built
+	OPENBLAS_NUM_THREADS=1 $(PY) -m tools.tenants demo --count $(N) $(if $(FORCE),--force)
+
+tenants-mixed: models ## Build N demo whole-model tenants (ONNX, every 4th TF) into MIXED_STORE
+	$(PY) -m tools.tenants --store $(MIXED_STORE) demo --format mixed --count $(N) $(if $(FORCE),--force)
 
 bench: models wrk ## Side-by-side benchmark, interleaved repeats, CPU per request; records loadtests/results (BENCH_QUICK=1: short, not recorded)
 	$(PY) -m loadtests.bench
@@ -91,11 +99,11 @@ chaos: models ## Overload at 4x capacity, recovery, workers SIGKILLed under load
 soak: models ## Every endpoint mixed at ~70 % of capacity for SOAK_S seconds (600): memory and fds must not grow
 	$(PY) -m loadtests.soak --seconds $(or $(SOAK_S),600)
 
-simulate-replicas: tenants ## Tenants across 1-8 replicas: random vs consistent-hash vs bounded-load routing, a replica lost
-	$(PY) -m loadtests.replicas
+simulate-replicas: tenants-mixed ## Tenants across 1-8 replicas: random vs consistent-hash vs bounded-load routing, a replica lost
+	$(PY) -m loadtests.replicas --store $(MIXED_STORE)
 
-tenant-figures: tenants ## Zipf load over the N demo tenants with a 10 % memory budget: latency, hit rate, RSS
-	$(PY) -m loadtests.tenant_figures --tenants $(N)
+tenant-figures: tenants-mixed ## Zipf load over the N demo whole-model tenants with a 10 % memory budget: latency, hit rate, RSS
+	BUNDLE_TENANTS_STORE=$(MIXED_STORE) $(PY) -m loadtests.tenant_figures --tenants $(N)
 
 serve: models ## Serve the whole graph on $(HOST):$(PORT) (Swagger UI at /)
 	$(BENTOML) serve . --host $(HOST) --port $(PORT)

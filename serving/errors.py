@@ -44,6 +44,13 @@ class TooManyTokens(ApiError):
     status = 413
 
 
+class WrongInputFormat(ApiError):
+    """409: a tenant classify call sent what the tenant's current model does not take (token ids to
+    a head, vectors only to a whole model): the caller learns the format and sends the other."""
+
+    status = 409
+
+
 class Overloaded(ApiError):
     """Load shedding: the request cannot be served in time. Always carries Retry-After."""
 

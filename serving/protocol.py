@@ -10,7 +10,7 @@ import numpy as np
 from bentoml.validators import DType
 from pydantic import BaseModel, Field
 
-from serving.contracts import MAX_SEQ_LEN, MINILM_VOCAB, SPM_VOCAB
+from serving.contracts import EMBEDDING_DIM, MAX_SEQ_LEN, MINILM_VOCAB, SPM_VOCAB
 
 MAX_SEQUENCES = 4096  # per runner call
 
@@ -28,7 +28,13 @@ SpmIds = Annotated[
     Field(min_length=1, max_length=1024),
 ]
 Variant = Literal["fp32", "int8"]
-TenantFormat = Literal["onnx", "tf"]
+# head: a softmax layer over the shared MiniLM embedding; onnx, tf: a whole model per tenant.
+TenantFormat = Literal["head", "onnx", "tf"]
+# MiniLM sentence embeddings, as head tenants take them (one row per text).
+Vectors = Annotated[
+    list[Annotated[list[float], Field(min_length=EMBEDDING_DIM, max_length=EMBEDDING_DIM)]],
+    Field(min_length=1, max_length=1024),
+]
 # What is left of the caller's own deadline; the runner refuses (503) work it cannot finish in time.
 DeadlineSeconds = Annotated[float | None, Field(gt=0, le=300)]
 
@@ -50,6 +56,9 @@ class Classified(BaseModel):
     version: str = Field(description="The tenant model version that answered.")
     cache: Literal["hit", "miss"] = Field(
         description="hit: the model was in memory; miss: this request waited for it to load."
+    )
+    format: TenantFormat = Field(
+        "onnx", description="head: a layer over the shared sentence encoder; onnx, tf: own model."
     )
 
 

@@ -2,11 +2,12 @@
 
     python -m tools.tenants list
     python -m tools.tenants show NAME
-    python -m tools.tenants train NAME --examples examples.json [--format onnx|tf]
+    python -m tools.tenants train NAME --examples examples.json [--format head|onnx|tf]
     python -m tools.tenants upload NAME model.tar.gz
     python -m tools.tenants export NAME model.tar.gz
     python -m tools.tenants delete NAME
-    python -m tools.tenants demo --count 1000          # make tenants N=1000
+    python -m tools.tenants demo --count 10000         # make tenants N=10000 (head tenants)
+    python -m tools.tenants demo --count 300 --format mixed   # whole models: ONNX, every 4th TF
 
 examples.json: [{"text": "where is my order", "intent": "order_status"}, ...]
 The store is BUNDLE_TENANTS_STORE (default $BENTOML_HOME/tenants) or --store.
@@ -55,19 +56,61 @@ def _build_demo_tenant(root: str, index: int, epochs: int) -> str:
     return spec.name
 
 
-def build_demo(
-    store: TenantStore, count: int, *, epochs: int, jobs: int = 2, force: bool = False, log=print
-) -> None:
-    """Build demo tenants 1..count; ones already built from the same seed are kept (unless force)."""
-    started = time.perf_counter()
+def _demo_todo(store: TenantStore, count: int, fmt: str, force: bool) -> list[int]:
+    """Demo tenants 1..count not yet built from the same seed in the wanted format."""
     todo = []
     for index in range(1, count + 1):
-        found = store.current(demo_tenants.tenant(index).name)
-        if force or not found or read_manifest(found[1]).metrics.get("demo_seed") != index:
+        spec = demo_tenants.tenant(index)
+        wanted = "head" if fmt == "head" else spec.fmt
+        found = store.current(spec.name)
+        manifest = read_manifest(found[1]) if found else None
+        if (
+            force
+            or not manifest
+            or manifest.metrics.get("demo_seed") != index
+            or manifest.format != wanted
+        ):
             todo.append(index)
-    log(
-        f"{count - len(todo)} of {count} demo tenants already built; building {len(todo)} with {jobs} processes"
-    )
+    return todo
+
+
+def _progress(log, started: float, done: int, total: int) -> None:
+    if done % 250 == 0 or done == total:
+        rate = done / (time.perf_counter() - started)
+        log(
+            f"[{done}/{total}] built, {rate:.1f} tenants/s, about {(total - done) / rate:.0f} s left"
+        )
+
+
+def build_demo(
+    store: TenantStore,
+    count: int,
+    *,
+    epochs: int,
+    fmt: str = "head",
+    jobs: int = 2,
+    force: bool = False,
+    log=print,
+) -> None:
+    """Build demo tenants 1..count, as heads or (mixed) whole ONNX/TF models; ones already built
+    from the same seed in that format are kept (unless force)."""
+    started = time.perf_counter()
+    todo = _demo_todo(store, count, fmt, force)
+    log(f"{count - len(todo)} of {count} demo tenants already built; building {len(todo)} ({fmt})")
+    if fmt == "head":
+        # In this process: every distinct example text embedded once (a few thousand for any
+        # count), then ~20 ms of training per tenant.
+        from models.minilm import Embedder
+
+        embed = Embedder()
+        for done, index in enumerate(todo, 1):
+            spec = demo_tenants.tenant(index)
+            registry.train_head(
+                store, spec.name, embed([t for t, _ in spec.train]), [i for _, i in spec.train],
+                source="demo", extra_metrics={"demo_seed": float(index)},
+            )  # fmt: skip
+            _progress(log, started, done, len(todo))
+        return
     # spawn, not fork: TensorFlow's threads do not survive a fork.
     with ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
         futures = [
@@ -75,11 +118,7 @@ def build_demo(
         ]
         for done, future in enumerate(as_completed(futures), 1):
             future.result()
-            if done % 25 == 0 or done == len(todo):
-                rate = done / (time.perf_counter() - started)
-                log(
-                    f"[{done}/{len(todo)}] built, {rate:.1f} tenants/s, about {(len(todo) - done) / rate:.0f} s left"
-                )
+            _progress(log, started, done, len(todo))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -94,7 +133,7 @@ def main(argv: list[str] | None = None) -> int:
     train = sub.add_parser("train")
     train.add_argument("tenant")
     train.add_argument("--examples", type=Path, required=True)
-    train.add_argument("--format", choices=["onnx", "tf"], default="onnx")
+    train.add_argument("--format", choices=["head", "onnx", "tf"], default="head")
     for name in ("upload", "export"):
         p = sub.add_parser(name)
         p.add_argument("tenant")
@@ -102,7 +141,11 @@ def main(argv: list[str] | None = None) -> int:
     d = sub.add_parser("demo")
     d.add_argument("--count", type=int, default=1000)
     d.add_argument("--force", action="store_true")
-    d.add_argument("--jobs", type=int, default=2, help="processes training in parallel")
+    d.add_argument("--format", choices=["head", "mixed"], default="head",
+                   help="head tenants, or whole models (ONNX, every fourth TF)")  # fmt: skip
+    d.add_argument(
+        "--jobs", type=int, default=2, help="processes training whole models in parallel"
+    )
     args = parser.parse_args(argv)
 
     settings = TenantRunnerSettings(**({"store": args.store} if args.store else {}))
@@ -122,6 +165,16 @@ def main(argv: list[str] | None = None) -> int:
             print(published.model_dump_json())
         elif args.command == "train":
             examples = json.loads(args.examples.read_text())
+            if args.format == "head":
+                from models.minilm import Embedder
+
+                texts, intents = [e["text"] for e in examples], [e["intent"] for e in examples]
+                print(
+                    registry.train_head(
+                        store, args.tenant, Embedder()(texts), intents
+                    ).model_dump_json()
+                )
+                return 0
             published = registry.train(
                 store, args.tenant, _encode()([e["text"] for e in examples]), [e["intent"] for e in examples],
                 fmt=args.format, dim=settings.train_dim, epochs=settings.train_epochs,
@@ -133,6 +186,7 @@ def main(argv: list[str] | None = None) -> int:
                 store,
                 args.count,
                 epochs=settings.train_epochs,
+                fmt=args.format,
                 jobs=args.jobs,
                 force=args.force,
                 log=lambda m: print(m, flush=True),

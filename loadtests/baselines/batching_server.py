@@ -24,7 +24,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from loadtests.baselines import minilm
+from models import minilm
 from serving import contracts
 from serving.features import pad, tokenize
 

@@ -10,7 +10,7 @@ import threading
 from fastapi import FastAPI
 from pydantic import BaseModel
 
-from loadtests.baselines import minilm
+from models import minilm
 from serving.features import pad, tokenize
 
 tokenizer, engine = minilm.load()

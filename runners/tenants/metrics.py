@@ -31,6 +31,16 @@ MISSES = bentoml.metrics.Counter(
 EVICTIONS = bentoml.metrics.Counter(
     name="bundle_tenant_evictions", documentation="Models evicted to stay under budget"
 )
+HEADS = bentoml.metrics.Gauge(
+    name="bundle_tenant_heads_resident",
+    documentation="Head tenants in memory (all of them: heads are never evicted)",
+    multiprocess_mode="livesum",
+)
+HEAD_BYTES = bentoml.metrics.Gauge(
+    name="bundle_tenant_head_bytes",
+    documentation="Bytes of the resident heads' weights",
+    multiprocess_mode="livesum",
+)
 LOAD_SECONDS = bentoml.metrics.Histogram(
     name="bundle_tenant_load_seconds",
     documentation="Time to load a tenant model",
@@ -52,3 +62,7 @@ class Exporter:
             if delta := getattr(stats, name) - getattr(self.last, name):
                 counter.inc(delta)
         self.last = CacheStats(**vars(stats))
+
+    def heads(self, count: int, nbytes: int) -> None:
+        HEADS.set(count)
+        HEAD_BYTES.set(nbytes)

@@ -1,7 +1,8 @@
 """Registry operations shared by the HTTP API and the command line: train, upload, list, show, delete.
 
-Every new version is complete and checked (it loads, its contract matches, a probe answers a
-probability distribution) in a staging directory before ``TenantStore.publish`` makes it current.
+Every new version is complete and checked (a model loads, its contract matches, a probe answers a
+probability distribution; a head's shapes match its labels) in a staging directory before
+``TenantStore.publish`` makes it current.
 """
 
 from __future__ import annotations
@@ -9,9 +10,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
-from runners.tenants import classifier
+import numpy as np
+
+from runners.tenants import classifier, heads
 from runners.tenants.loader import load
 from runners.tenants.store import (
+    MODEL_FILES,
     ONNX_FILE,
     TF_DIR,
     InvalidModel,
@@ -20,6 +24,7 @@ from runners.tenants.store import (
     check_name,
     discard,
     read_manifest,
+    size_of,
     write_manifest,
 )
 from serving.contracts import SPM_VOCAB
@@ -28,15 +33,62 @@ from serving.protocol import Registered
 
 def _checked_publish(store: TenantStore, tenant: str, staged: Path) -> Registered:
     try:
-        model = load(tenant, "staged", staged)
-        metrics = read_manifest(staged).metrics
+        manifest = read_manifest(staged)
+        if manifest.format == "head":
+            heads.load("staged", staged)
+        else:
+            load(tenant, "staged", staged)
         version = store.publish(tenant, staged)
     except BaseException:
         discard(staged)
         raise
+    _, published = store.require(tenant)
     return Registered(
-        tenant=tenant, version=version, labels=model.labels, bytes=model.file_bytes, metrics=metrics
+        tenant=tenant,
+        version=version,
+        labels=manifest.labels,
+        bytes=size_of(published),
+        metrics=manifest.metrics,
     )
+
+
+def _check_examples(count: int, intents: Sequence[str]) -> None:
+    if count != len(intents):
+        raise InvalidModel(f"{count} texts but {len(intents)} intents")
+    if len(set(intents)) < 2:
+        raise InvalidModel("training needs examples of at least two intents")
+
+
+def train_head(
+    store: TenantStore,
+    tenant: str,
+    vectors: np.ndarray,
+    intents: Sequence[str],
+    *,
+    source: str = "train",
+    extra_metrics: dict[str, float] | None = None,
+) -> Registered:
+    """Embedded examples in, a head trained (tens of ms), registered as the tenant's new version."""
+    check_name(tenant)
+    _check_examples(len(vectors), intents)
+    labels, weights, bias = heads.train(vectors, intents)
+    head = heads.Head("staged", labels, weights, bias)
+    predicted = [labels[i] for i in head.probabilities(np.asarray(vectors, np.float32)).argmax(1)]
+    staged = store.staging()
+    try:
+        heads.save(staged, weights, bias)
+        metrics = {
+            "train_examples": float(len(intents)),
+            "train_accuracy": classifier.accuracy(predicted, intents),
+            **(extra_metrics or {}),
+        }
+        write_manifest(
+            staged, Manifest(format="head", labels=labels, source=source, metrics=metrics)
+        )
+    except BaseException:
+        discard(staged)
+        raise
+    return _checked_publish(store, tenant, staged)
 
 
 def train(
@@ -55,10 +107,7 @@ def train(
 ) -> Registered:
     """Examples in, classifier trained, exported, registered as the tenant's new version."""
     check_name(tenant)
-    if len(ids) != len(intents):
-        raise InvalidModel(f"{len(ids)} texts but {len(intents)} intents")
-    if len(set(intents)) < 2:
-        raise InvalidModel("training needs examples of at least two intents")
+    _check_examples(len(ids), intents)
     clf = classifier.train(ids, intents, vocab=vocab, dim=dim, epochs=epochs, seed=seed)
     predicted = [clf.labels[i] for i in clf.probabilities(ids).argmax(axis=1)]
     accuracy = classifier.accuracy(predicted, intents)
@@ -69,7 +118,7 @@ def train(
         elif fmt == "tf":
             classifier.export_tf(clf, staged / TF_DIR)
         else:
-            raise InvalidModel(f"unknown format {fmt!r}: onnx or tf")
+            raise InvalidModel(f"unknown format {fmt!r}: onnx or tf (heads: train_head)")
         metrics = {
             "train_examples": float(len(ids)),
             "train_accuracy": accuracy,
@@ -85,13 +134,13 @@ def train(
 
 
 def upload(store: TenantStore, tenant: str, archive: Path, max_bytes: int) -> Registered:
-    """A model archive (.tar.gz of manifest.json + model.onnx or saved_model/), validated first."""
+    """A model archive (.tar.gz of manifest.json + model.onnx, saved_model/ or head.npz), validated first."""
     check_name(tenant)
     staged = store.unpack(archive, max_bytes)
     expected = {"manifest.json"}
     try:
         manifest = read_manifest(staged)
-        expected.add(ONNX_FILE if manifest.format == "onnx" else TF_DIR)
+        expected.add(MODEL_FILES[manifest.format])
         found = {p.name for p in staged.iterdir()}
         if found != expected:
             raise InvalidModel(

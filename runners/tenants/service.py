@@ -1,28 +1,32 @@
-"""The multi-tenant runner: per-tenant intent classifiers, loaded on demand under a memory budget.
+"""The multi-tenant runner: per-tenant intent classifiers.
 
-Each loaded model gets its own batcher (requests of one tenant are batched together); all of them
-share one engine thread. Registry operations (train, upload, list, show, delete) live here too, so
-the store has one writer per host.
+Head tenants (a softmax layer over the shared MiniLM embedding, which the caller computes through the
+ONNX runner's batches) are all resident: classify is one small matrix product. Whole-model tenants
+(ONNX, TF) are loaded on demand under a memory budget; each loaded model gets its own batcher
+(requests of one tenant are batched together) and all share one engine thread. Registry operations
+(train, upload, list, show, delete) live here too.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import bentoml
+import numpy as np
 
-from runners.tenants import registry
+from runners.tenants import heads, registry
 from runners.tenants.cache import ModelCache
 from runners.tenants.loader import LoadedModel, load
 from runners.tenants.metrics import LOAD_SECONDS, Exporter
 from runners.tenants.settings import TenantRunnerSettings
-from runners.tenants.store import TenantStore
+from runners.tenants.store import TenantStore, read_manifest
 from serving.batching import Batcher
 from serving.batching.metrics import Recorder
 from serving.error_bodies import ConformingErrors
-from serving.errors import replies_on_error
+from serving.errors import WrongInputFormat, replies_on_error
 from serving.protocol import (
     Classified,
     Deleted,
@@ -30,11 +34,13 @@ from serving.protocol import (
     SpmIds,
     TenantFormat,
     TenantInfo,
+    Vectors,
     timing_headers,
 )
 from serving.tenant_names import check_name
 
 SETTINGS = TenantRunnerSettings()
+logger = logging.getLogger("bento_bundle.tenants")
 
 
 def warm_up_tensorflow() -> None:
@@ -78,6 +84,29 @@ class TenantRunner:
         # One training at a time: it competes with serving for the cores.
         self.training = asyncio.Semaphore(1)
         warm_up_tensorflow()
+        # Every head tenant in memory before the first request: none waits for a load.
+        self.heads = heads.HeadBank()
+        self.formats: dict[tuple[str, str], TenantFormat] = {}  # (tenant, version) → format
+        seconds = self.heads.preload(list(self._current_heads()))
+        self.export_metrics.heads(len(self.heads.heads), self.heads.nbytes)
+        logger.info("%d head tenants resident (read in %.1f s)", len(self.heads.heads), seconds)
+
+    def _current_heads(self):
+        for tenant in self.store.names():
+            found = self.store.current(tenant)
+            if found and self._format(tenant, *found) == "head":
+                yield tenant, *found
+
+    def _format(self, tenant: str, version: str, directory: Path) -> TenantFormat:
+        head = self.heads.heads.get(tenant)
+        if head is not None and head.version == version:
+            return "head"
+        key = (tenant, version)
+        if key not in self.formats:
+            if len(self.formats) > 100_000:  # versions replaced over a long run
+                self.formats.clear()
+            self.formats[key] = read_manifest(directory).format
+        return self.formats[key]
 
     async def _load(self, tenant: str, version: str) -> LoadedModel:
         _, directory = self.store.require(tenant)
@@ -93,27 +122,50 @@ class TenantRunner:
 
     @bentoml.api(route="/classify")
     @replies_on_error
-    async def classify(self, tenant: str, ids: SpmIds, ctx: bentoml.Context) -> Classified:
-        """Intent of each token-id sequence, with the tenant model version that answered."""
+    async def classify(
+        self,
+        tenant: str,
+        ctx: bentoml.Context,
+        ids: SpmIds | None = None,
+        vectors: Vectors | None = None,
+    ) -> Classified:
+        """Intent of each text, with the tenant model version that answered: a head tenant takes the
+        texts' MiniLM embeddings (vectors), a whole-model tenant their SentencePiece ids (409 when
+        the one its current version needs is missing)."""
         check_name(tenant)
-        version, _ = self.store.require(tenant)
-        misses = self.cache.stats.misses
-        try:
-            model = await self.cache.get(tenant, version)
-        finally:
-            self.export_metrics(self.cache.stats)
-        cache = "hit" if self.cache.stats.misses == misses else "miss"
-        probabilities, timing = await model.batcher.submit(ids)
-        ctx.response.headers.update(
-            timing_headers(timing.queue_s * 1000, timing.inference_s * 1000)
-        )
+        version, directory = self.store.require(tenant)
+        fmt = self._format(tenant, version, directory)
+        if fmt == "head":
+            if vectors is None:
+                raise WrongInputFormat(f"tenant {tenant!r} is a head model: send vectors")
+            reads = self.heads.reads
+            head = self.heads.get(tenant, version, directory)
+            if self.heads.reads != reads:  # a new version read: the figures changed
+                self.export_metrics.heads(len(self.heads.heads), self.heads.nbytes)
+            probabilities = head.probabilities(np.asarray(vectors, dtype=np.float32))
+            labels, answered, cache = head.labels, head.version, "hit"
+        else:
+            if ids is None:
+                raise WrongInputFormat(f"tenant {tenant!r} is a {fmt} model: send ids")
+            misses = self.cache.stats.misses
+            try:
+                model = await self.cache.get(tenant, version)
+            finally:
+                self.export_metrics(self.cache.stats)
+            cache = "hit" if self.cache.stats.misses == misses else "miss"
+            probabilities, timing = await model.batcher.submit(ids)
+            ctx.response.headers.update(
+                timing_headers(timing.queue_s * 1000, timing.inference_s * 1000)
+            )
+            labels, answered = model.labels, model.version
         ctx.response.headers["X-Tenant-Cache"] = cache
         best = probabilities.argmax(axis=1)
         return Classified(
-            intents=[model.labels[i] for i in best],
+            intents=[labels[i] for i in best],
             scores=[float(probabilities[row, i]) for row, i in enumerate(best)],
-            version=model.version,
+            version=answered,
             cache=cache,
+            format=fmt,
         )
 
     @bentoml.api(route="/tenants/train")
@@ -121,18 +173,34 @@ class TenantRunner:
     async def train(
         self,
         tenant: str,
-        ids: SpmIds,
         intents: list[str],
         ctx: bentoml.Context,
-        format: TenantFormat = "onnx",
+        ids: SpmIds | None = None,
+        vectors: Vectors | None = None,
+        format: TenantFormat = "head",
     ) -> Registered:
-        """Train a classifier from examples, export it, register it as the tenant's new version."""
+        """Train a classifier from examples and register it as the tenant's new version: a head
+        from the texts' MiniLM embeddings (vectors), an ONNX or TF model from their SentencePiece ids."""
         check_name(tenant)
+        examples = vectors if format == "head" else ids
+        if examples is None:
+            raise WrongInputFormat(
+                f"format {format!r} trains from {'vectors' if format == 'head' else 'ids'}"
+            )
         async with self.training:
-            published = await asyncio.to_thread(
-                registry.train, self.store, tenant, ids, intents,
-                fmt=format, dim=SETTINGS.train_dim, epochs=SETTINGS.train_epochs,
-            )  # fmt: skip
+            if format == "head":
+                published = await asyncio.to_thread(
+                    registry.train_head,
+                    self.store,
+                    tenant,
+                    np.asarray(vectors, np.float32),
+                    intents,
+                )
+            else:
+                published = await asyncio.to_thread(
+                    registry.train, self.store, tenant, ids, intents,
+                    fmt=format, dim=SETTINGS.train_dim, epochs=SETTINGS.train_epochs,
+                )  # fmt: skip
         return published
 
     @bentoml.api(route="/tenants/upload")
@@ -162,13 +230,20 @@ class TenantRunner:
         """Remove a tenant; requests already running on its model finish."""
         await asyncio.to_thread(self.store.delete, check_name(tenant))
         self.cache.drop(tenant)
+        self.heads.drop(tenant)
         self.export_metrics(self.cache.stats)
         return Deleted(tenant=tenant, deleted=True)
 
     @bentoml.api(route="/tenants/stats")
     async def stats(self) -> dict[str, float]:
-        """Cache figures of this worker: loaded models, bytes against budget, hits, misses, evictions."""
-        return dict(vars(self.cache.stats))
+        """Figures of this worker: loaded models, bytes against budget, hits, misses, evictions
+        (whole-model tenants); resident heads and their bytes; head reads since start."""
+        return {
+            **vars(self.cache.stats),
+            "heads": float(len(self.heads.heads)),
+            "head_bytes": float(self.heads.nbytes),
+            "head_reads": float(self.heads.reads),
+        }
 
 
 TenantRunner.add_asgi_middleware(ConformingErrors)

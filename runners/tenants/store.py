@@ -1,6 +1,6 @@
 """Tenant models on disk: immutable versions, published atomically, names that cannot escape.
 
-    STORE/<tenant>/versions/<version>/{manifest.json, model.onnx | saved_model/}
+    STORE/<tenant>/versions/<version>/{manifest.json, model.onnx | saved_model/ | head.npz}
     STORE/<tenant>/current -> versions/<version>        (a symlink, swapped with os.replace)
     STORE/.staging/<random>/                            (uploads and trainings being prepared)
 
@@ -26,12 +26,15 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from serving.errors import ApiError
-from serving.protocol import TenantInfo
+from serving.protocol import TenantFormat, TenantInfo
 from serving.tenant_names import NAME, check_name
 
 MANIFEST = "manifest.json"
 ONNX_FILE = "model.onnx"
 TF_DIR = "saved_model"
+HEAD_FILE = "head.npz"
+# What each format's version holds beside its manifest.
+MODEL_FILES = {"onnx": ONNX_FILE, "tf": TF_DIR, "head": HEAD_FILE}
 
 
 class UnknownTenant(ApiError):
@@ -48,7 +51,7 @@ class Manifest(BaseModel):
     """What a tenant model declares: its format, its label set, where it came from."""
 
     model_config = ConfigDict(extra="forbid")
-    format: Literal["onnx", "tf"]
+    format: TenantFormat
     labels: list[str] = Field(min_length=2, max_length=1000)
     source: Literal["train", "upload", "demo"] = "upload"
     created: str = ""

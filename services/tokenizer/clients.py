@@ -140,13 +140,29 @@ class TenantRunnerClient:
         kwargs = {"tenant": tenant, **kwargs}
         return lambda: self.proxy._call(endpoint, (), kwargs, headers={TENANT_HEADER: tenant})
 
-    async def classify(self, tenant: str, ids: list[list[int]]) -> Classified:
-        return _as(Classified, await _call(self.name, self._for(tenant, "classify", ids=ids)))
+    async def classify(
+        self, tenant: str, ids: list[list[int]] | None, vectors: np.ndarray | None
+    ) -> Classified:
+        """With the texts' SentencePiece ids (whole-model tenants), their MiniLM vectors (head
+        tenants) or both, when the caller does not know which the tenant is."""
+        kwargs: dict[str, Any] = {"ids": ids}
+        if vectors is not None:
+            kwargs["vectors"] = vectors.tolist()
+        return _as(Classified, await _call(self.name, self._for(tenant, "classify", **kwargs)))
 
     async def train(
-        self, tenant: str, ids: list[list[int]], intents: list[str], format: TenantFormat
+        self,
+        tenant: str,
+        intents: list[str],
+        format: TenantFormat,
+        *,
+        ids: list[list[int]] | None = None,
+        vectors: np.ndarray | None = None,
     ) -> Registered:
-        send = self._for(tenant, "train", ids=ids, intents=intents, format=format)
+        send = self._for(
+            tenant, "train", intents=intents, format=format, ids=ids,
+            vectors=None if vectors is None else vectors.tolist(),
+        )  # fmt: skip
         return _as(Registered, await _call(self.name, send))
 
     async def upload(self, tenant: str, file: Path) -> Registered:

@@ -38,7 +38,7 @@ EXAMPLES: dict[str, dict[str, Any]] = {
     "/tokenize": {"texts": ["Hello, world!"], "tokenizer": "minilm"},
     "/inference": {"input_text": "How do I reset my password?"},
     "/classify": {"tenant": "acme", "texts": ["where is my parcel", "hello"]},
-    "/tenants/train": {"tenant": "acme", "examples": _TRAINING, "format": "onnx"},
+    "/tenants/train": {"tenant": "acme", "examples": _TRAINING, "format": "head"},
     "/tenants/list": {},
     "/tenants/show": {"tenant": "acme"},
     "/tenants/delete": {"tenant": "acme"},

@@ -13,6 +13,7 @@ from pydantic import (
     FiniteFloat,
     SerializerFunctionWrapHandler,
     StringConstraints,
+    field_validator,
     model_serializer,
 )
 
@@ -126,10 +127,27 @@ class Example(Request):
     intent: Intent
 
 
+MAX_INTENTS = 1000  # labels a tenant model may have (the store's manifest holds at most this many)
+
+
 class TrainRequest(Request):
     tenant: TenantName
     examples: list[Example] = Field(min_length=2, max_length=10_000)
-    format: Literal["onnx", "tf"] = Field("onnx", description="Export as ONNX or a TF SavedModel.")
+    format: Literal["head", "onnx", "tf"] = Field(
+        "head",
+        description="head (default): a layer over the shared sentence encoder, trained in well "
+        "under a second, always in memory; onnx or tf: a whole model of the tenant's own.",
+    )
+
+    @field_validator("examples")
+    @classmethod
+    def _intents(cls, examples: list[Example]) -> list[Example]:
+        intents = {example.intent for example in examples}
+        if len(intents) < 2:
+            raise ValueError("examples need at least two intents; found 1")
+        if len(intents) > MAX_INTENTS:
+            raise ValueError(f"examples have {len(intents)} intents; at most {MAX_INTENTS}")
+        return examples
 
 
 class TenantRequest(Request):

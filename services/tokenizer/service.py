@@ -6,6 +6,7 @@ requests (core), and turns embeddings into the answer (post): vectors, cosine sc
 
 from __future__ import annotations
 
+import asyncio
 import time
 from pathlib import Path
 from typing import Any
@@ -41,7 +42,7 @@ from services.tokenizer.vectors import encode
 from serving.batching import Admission, TokenQueue
 from serving.batching.metrics import Recorder
 from serving.error_bodies import ConformingErrors
-from serving.errors import TooManyTokens, replies_on_error
+from serving.errors import ApiError, TooManyTokens, replies_on_error
 from serving.features import cosine
 from serving.openapi_docs import OpenApiDocs
 from serving.protocol import Classified, Deleted, Registered, TenantInfo, timing_headers
@@ -59,6 +60,9 @@ def _runner(url: str | None, service_path: str) -> Any:
         return bentoml.depends(url=url)
     module, name = service_path.split(":")
     return bentoml.depends(getattr(__import__(module, fromlist=[name]), name))
+
+
+HEAD_PART = 32  # texts per embedding call when a head tenant's training set is embedded
 
 
 def answer(model: BaseModel) -> Response:
@@ -124,6 +128,9 @@ class Tokenizer:
         )
         self.backends = coalescers(self.onnx_runner, self.tf_runner, SETTINGS)
         self.tenants = TenantRunnerClient(self.tenant_runner)
+        # Each tenant's model format as last answered: a head tenant needs the texts' vectors, a
+        # whole-model tenant their SentencePiece ids; an unknown one is sent both once.
+        self.tenant_formats: dict[str, str] = {}
         self.keys = TenantKeys(SETTINGS.tenant_keys_file)
 
     def _tenant(self, name: str, ctx: bentoml.Context) -> str:
@@ -212,6 +219,28 @@ class Tokenizer:
         vectors, _ = await self._embed([request.input_text], SETTINGS.default_backend, ctx)
         return answer(InferenceResponse.model_construct(outputs=vectors[0].tolist()))
 
+    async def _head_vectors(self, texts: list[str]) -> np.ndarray:
+        # Head tenants take MiniLM fp32 vectors: the ONNX runner's, in the same batches as every
+        # other embedding request. A training set (up to 10,000 texts) goes in request-sized parts.
+        # A few parts in flight at a time, so that a large set does not fill the queue itself.
+        parts = [texts[i : i + HEAD_PART] for i in range(0, len(texts), HEAD_PART)]
+        vectors: list[np.ndarray] = []
+        for wave in range(0, len(parts), 4):
+            embedded = await asyncio.gather(
+                *(self.embed_texts(part, "onnx") for part in parts[wave : wave + 4])
+            )
+            vectors += [rows for rows, _, _ in embedded]
+        return np.concatenate(vectors)
+
+    async def _classify(self, tenant: str, texts: list[str], fmt: str | None) -> Classified:
+        """What the tenant's model takes, from its format as last seen (both when unknown)."""
+        ids = vectors = None
+        if fmt != "head":
+            ids = await self.text.run(self.text.tenant_pieces, texts)
+        if fmt in (None, "head"):
+            vectors = await self._head_vectors(texts)
+        return await self.tenants.classify(tenant, ids, vectors)
+
     @bentoml.api
     @replies_on_error
     async def classify(self, request: ClassifyRequest, /, ctx: bentoml.Context) -> Classified:
@@ -219,8 +248,19 @@ class Tokenizer:
         example's tenant, acme, exists once /tenants/train's example has trained it)."""
         self._tenant(request.tenant, ctx)
         started = time.perf_counter()
-        ids = await self.text.run(self.text.tenant_pieces, request.texts)
-        result = await self.tenants.classify(request.tenant, ids)
+        try:
+            result = await self._classify(
+                request.tenant, request.texts, self.tenant_formats.get(request.tenant)
+            )
+        except ApiError as exc:
+            if exc.status != 409:
+                raise
+            # The tenant's format changed since it was last seen here (a new version of the
+            # other kind): send both this once.
+            result = await self._classify(request.tenant, request.texts, None)
+        if len(self.tenant_formats) > 100_000:
+            self.tenant_formats.clear()
+        self.tenant_formats[request.tenant] = result.format
         ctx.response.headers["X-Tenant-Cache"] = result.cache
         ctx.response.headers["X-Total-Time"] = f"{(time.perf_counter() - started) * 1000:.2f}"
         return answer(result)
@@ -235,9 +275,12 @@ class Tokenizer:
             """Train a tenant's classifier from examples and register it as a new version."""
             self._tenant(request.tenant, ctx)
             texts = [e.text for e in request.examples]
-            ids = await self.text.run(self.text.tenant_pieces, texts)
             intents = [e.intent for e in request.examples]
-            return await self.tenants.train(request.tenant, ids, intents, request.format)
+            if request.format == "head":
+                vectors = await self._head_vectors(texts)
+                return await self.tenants.train(request.tenant, intents, "head", vectors=vectors)
+            ids = await self.text.run(self.text.tenant_pieces, texts)
+            return await self.tenants.train(request.tenant, intents, request.format, ids=ids)
 
         @bentoml.api(route=UPLOAD_PATH)
         @replies_on_error

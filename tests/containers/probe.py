@@ -4,6 +4,7 @@ outside the network reaches. Takes a JSON command as its argument, prints JSON.
 
   {"classify": [[tenant, ids], ...], "times": 3}   each tenant's answers, in order, through the proxy
   {"stats": ["tenant-runner-1", ...]}              each replica's cache figures (/tenants/stats)
+  {"active": "tenant-runners"}                      servers up in a proxy backend (its exporter)
   {"until_served": [[tenant, ids], ...], "seconds": 10}
                                                    every tenant asked in turn until it is answered:
                                                    seconds to its first 200 and what answered
@@ -52,6 +53,16 @@ def main(command: dict) -> dict:
                 for _ in range(command.get("times", 1)):
                     answers[tenant].append(ask(client, tenant, ids))
             return answers
+        if "active" in command:
+            metrics = client.get("http://proxy:8404/metrics").text
+            name = f'haproxy_backend_active_servers{{proxy="{command["active"]}"}}'
+            return {
+                "active": next(
+                    float(line.split()[-1])
+                    for line in metrics.splitlines()
+                    if line.startswith(name)
+                )
+            }
         if "stats" in command:
             return {
                 name: client.post(f"http://{name}:3000/tenants/stats", json={}).json()

@@ -3,7 +3,8 @@ deployed with `docker stack deploy`, smoke through the proxy from a client conta
 network, a replica's container killed under load (Swarm replaces it; nothing fails beyond the
 requests in flight at the kill, nothing answers wrong), a rolling update of the tokenizer image
 under load with no failed request. Then the stack removed, the swarm left, and everything it
-created removed and checked gone. Every container is started, stopped and removed by its ID.
+created removed and checked gone: the client containers by their IDs, the stack's by `docker
+stack rm` and then checked gone by its label.
 
 Swarm's virtual IPs do not route on this machine: the services use endpoint_mode dnsrr and the
 proxy resolves replicas itself (deploy/README.md). Nothing is published: the client container
@@ -26,6 +27,7 @@ import numpy as np
 import pytest
 
 from loadtests.processes import ROOT
+from loadtests.routing import Ring
 from models import demo_tenants as demo
 
 COMPOSE = ROOT / "deploy" / "compose" / "docker-compose.yml"
@@ -175,9 +177,13 @@ def swarm() -> Iterator[Swarm]:
         " after, so it needs an engine in no swarm"
     )
     swarm = Swarm(f"bundle-swarm-{uuid.uuid4().hex[:6]}", os.environ.get("IMAGE_TAG", "latest"))
+    had_gwbridge = bool(docker("network", "ls", "-q", "--filter", "name=^docker_gwbridge$"))
     # Swarm's control port on loopback only: this one node is the whole swarm.
     docker("swarm", "init", "--advertise-addr", "127.0.0.1", "--listen-addr", "127.0.0.1:2377")
     try:
+        # The node that holds the tenant store (the compose file's placement constraint).
+        node = docker("info", "--format", "{{.Swarm.NodeID}}")
+        docker("node", "update", "--label-add", "bento-bundle.tenant-store=true", node)
         started = time.monotonic()
         docker(
             "stack", "deploy", "--compose-file", str(COMPOSE), swarm.stack,
@@ -200,21 +206,28 @@ def swarm() -> Iterator[Swarm]:
         print(f"stack deployed and serving in {time.monotonic() - started:.0f} s")
         yield swarm
     finally:
-        save_logs(swarm.stack)
-        for cid in list(swarm.clients):
-            docker("rm", "-f", cid, check=False)
-        docker("stack", "rm", swarm.stack, check=False)
-        deadline = time.monotonic() + 120  # the tasks stop, then their networks can go
-        while docker("ps", "-aq", "--filter", f"label=com.docker.stack.namespace={swarm.stack}"):
-            assert time.monotonic() < deadline, "the stack's containers did not stop"
-            time.sleep(2)
-        docker("swarm", "leave", "--force")
-        # Left behind by Swarm otherwise: the gateway bridge it made, the stack's volumes, the tag.
-        docker("network", "rm", "docker_gwbridge", check=False)
-        for volume in docker("volume", "ls", "-q", "--filter", f"name={swarm.stack}_").split():
-            docker("volume", "rm", volume, check=False)
-        docker("image", "rm", f"bento-bundle/tokenizer:rollout-{swarm.stack}", check=False)
-        assert not leftovers(swarm.stack), leftovers(swarm.stack)
+        try:
+            save_logs(swarm.stack)
+            for cid in list(swarm.clients):
+                docker("rm", "-f", cid, check=False)
+            docker("stack", "rm", swarm.stack, check=False)
+            deadline = time.monotonic() + 120  # the tasks stop, then their networks can go
+            label = f"label=com.docker.stack.namespace={swarm.stack}"
+            while docker("ps", "-aq", "--filter", label) and time.monotonic() < deadline:
+                time.sleep(2)
+        finally:
+            # Whatever failed above, the engine leaves the swarm, and what Swarm made goes: its
+            # gateway bridge (unless it was there before), the stack's volumes, the image tag.
+            docker("swarm", "leave", "--force", check=False)
+            if not had_gwbridge:
+                docker("network", "rm", "docker_gwbridge", check=False)
+            for volume in docker("volume", "ls", "-q", "--filter", f"name={swarm.stack}_").split():
+                docker("volume", "rm", volume, check=False)
+            docker("image", "rm", f"bento-bundle/tokenizer:rollout-{swarm.stack}", check=False)
+        found = leftovers(swarm.stack)
+        if had_gwbridge:
+            found.pop("docker_gwbridge", None)
+        assert not found, found
 
 
 def test_smoke_embed_similarity_classify(swarm: Swarm) -> None:
@@ -228,9 +241,11 @@ def test_smoke_embed_similarity_classify(swarm: Swarm) -> None:
 
 
 def test_killed_replicas_are_replaced_and_nothing_answers_wrong(swarm: Swarm) -> None:
-    """One of the ONNX runner's two replicas and the one replica of tenant-runner-2, SIGKILLed
-    under load: the proxy sends their requests to the others, Swarm starts new containers."""
-    killed = [swarm.containers("onnx-runner")[0], swarm.containers("tenant-runner-2")[0]]
+    """One of the ONNX runner's two replicas and the tenant runner that holds the load's tenant
+    (the one the proxy's ring names), SIGKILLed under load: the proxy sends their requests to the
+    others (the tenant is loaded on another replica), Swarm starts new containers."""
+    home = f"tenant-runner-{Ring([1, 2, 3], weight=16).server(TENANT.name)}"
+    killed = [swarm.containers("onnx-runner")[0], swarm.containers(home)[0]]
     cid = load(swarm, seconds=40)
     time.sleep(10)
     docker("kill", *killed)
@@ -241,10 +256,10 @@ def test_killed_replicas_are_replaced_and_nothing_answers_wrong(swarm: Swarm) ->
     assert len(result["failed"]) <= THREADS, result["failed"]
     assert result["ok"] > 100, result
     deadline = time.monotonic() + 180
-    while (swarm.replicas("onnx-runner"), swarm.replicas("tenant-runner-2")) != ((2, 2), (1, 1)):
+    while (swarm.replicas("onnx-runner"), swarm.replicas(home)) != ((2, 2), (1, 1)):
         assert time.monotonic() < deadline, "Swarm did not replace the killed replicas"
         time.sleep(2)
-    replaced = swarm.containers("onnx-runner") + swarm.containers("tenant-runner-2")
+    replaced = swarm.containers("onnx-runner") + swarm.containers(home)
     assert len(replaced) == 3 and not set(killed) & set(replaced)
 
 

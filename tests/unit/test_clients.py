@@ -91,8 +91,8 @@ def test_tenant_client_answers_typed_models_either_way(json: bool) -> None:
 
     async def main() -> list[Any]:
         return [
-            await client.classify("acme", [[5, 6]]),
-            await client.train("acme", [[5], [6]], ["a", "b"], "onnx"),
+            await client.classify("acme", [[5, 6]], None),
+            await client.train("acme", ["a", "b"], "onnx", ids=[[5], [6]]),
             await client.upload("acme", Path("model.tar.gz")),
             await client.list_tenants(),
             await client.show("acme"),
@@ -139,7 +139,7 @@ def test_overload_and_caller_errors_pass_through_with_their_status() -> None:
 
     async def outcome(client: TenantRunnerClient) -> BaseException:
         with pytest.raises(ApiError) as info:
-            await client.classify("acme", [[5]])
+            await client.classify("acme", [[5]], None)
         return info.value
 
     shed = asyncio.run(outcome(failing(429, '{"error": "queue full", "retry_after": 3}')))
@@ -150,12 +150,12 @@ def test_overload_and_caller_errors_pass_through_with_their_status() -> None:
 
 def test_a_dead_connection_is_retried_once_then_reported_as_503() -> None:
     once = FakeProxy(False, [aiohttp.ServerDisconnectedError()])
-    assert asyncio.run(TenantRunnerClient(once).classify("acme", [[5]])) == CLASSIFIED
+    assert asyncio.run(TenantRunnerClient(once).classify("acme", [[5]], None)) == CLASSIFIED
     assert len(once.calls) == 2
 
     dead = FakeProxy(False, [aiohttp.ServerDisconnectedError(), aiohttp.ServerDisconnectedError()])
     with pytest.raises(RunnerUnavailable) as info:
-        asyncio.run(TenantRunnerClient(dead).classify("acme", [[5]]))
+        asyncio.run(TenantRunnerClient(dead).classify("acme", [[5]], None))
     assert info.value.status == 503 and info.value.headers() == {"Retry-After": "1"}
 
 
@@ -185,6 +185,6 @@ def test_bentoml_client_sends_the_tenant_header_to_the_runner() -> None:
             "http://tenant-runner", service=TenantRunner, app=app, server_ready_timeout=0
         )
 
-    answer = asyncio.run(TenantRunnerClient(Proxy()).classify("acme", [[5, 6]]))
+    answer = asyncio.run(TenantRunnerClient(Proxy()).classify("acme", [[5, 6]], None))
     assert answer.model_dump() == CLASSIFIED.model_dump()
-    assert seen == [("/classify", "acme", {"tenant": "acme", "ids": [[5, 6]]})]
+    assert seen == [("/classify", "acme", {"tenant": "acme", "ids": [[5, 6]], "vectors": None})]

@@ -60,9 +60,14 @@ def test_compose_file_passes_docker_compose_config() -> None:
     assert published == {"proxy", "prometheus"}  # the runners speak pickle: never published
     for name in published:  # loopback unless asked
         assert str(services[name]["ports"][0]).startswith("127.0.0.1:"), name
+    # Runners: ready. The tokenizer and the proxy: alive only (Swarm replaces unhealthy containers,
+    # and a runner outage must not restart them).
+    assert "/livez" in " ".join(services["tokenizer"]["healthcheck"]["test"])
+    assert "8405/livez" in " ".join(services["proxy"]["healthcheck"]["test"])
     for name in RUNNERS | {"tokenizer"}:
         service = services[name]
-        assert "readyz" in " ".join(service["healthcheck"]["test"]), name
+        if name != "tokenizer":
+            assert "readyz" in " ".join(service["healthcheck"]["test"]), name
         assert service["restart"] == "unless-stopped", name
         assert service["deploy"]["resources"]["limits"]["memory"], name
         # Swarm: the proxy resolves replicas itself (virtual IPs do not route everywhere).
@@ -70,7 +75,10 @@ def test_compose_file_passes_docker_compose_config() -> None:
         assert service["deploy"]["update_config"]["order"] == "start-first", name
     for name in RUNNERS:
         assert set(services[name]["networks"]) == {"internal"}, name
-    assert services["tokenizer"]["depends_on"] == {"proxy": {"condition": "service_healthy"}}
+    assert services["tokenizer"]["depends_on"] == {
+        "proxy": {"condition": "service_started"},
+        **{runner: {"condition": "service_healthy"} for runner in RUNNERS},
+    }
     tokenizer_env = services["tokenizer"]["environment"]
     assert {tokenizer_env[f"BUNDLE_TOKENIZER_{k}_URL"] for k in ("ONNX", "TF", "TENANT")} == {
         "http://proxy:3001", "http://proxy:3002", "http://proxy:3003"
@@ -89,12 +97,15 @@ def test_the_compose_file_alone_is_what_swarm_deploys() -> None:
         assert "ports" not in service and "depends_on" not in service, name
     assert spec["networks"]["internal"]["attachable"] is True  # the swarm test's client joins it
     swarm_ports = yaml.safe_load(COMPOSE.with_name("swarm-ports.yml").read_text())
+    assert swarm_ports["version"] == spec["version"]  # Swarm refuses to merge different versions
     assert set(swarm_ports["services"]) == {"proxy", "prometheus"}
+    for service in swarm_ports["services"].values():  # dnsrr services publish in host mode only
+        assert [port["mode"] for port in service["ports"]] == ["host"]
 
 
 def test_a_broken_compose_file_fails_docker_compose_config(tmp_path: Path) -> None:
     spec = yaml.safe_load(OVERRIDE.read_text())
-    spec["services"]["tokenizer"]["depends_on"]["proxy"] = {"condition": "whenever"}
+    spec["services"]["tokenizer"]["depends_on"]["onnx-runner"] = {"condition": "whenever"}
     broken = tmp_path / "docker-compose.override.yml"
     broken.write_text(yaml.safe_dump(spec))
     proc = compose_config(COMPOSE, broken)
@@ -166,7 +177,7 @@ def test_every_workload_has_probes_resources_and_a_budget() -> None:
     assert found["tenant-runner"]["kind"] == "StatefulSet"
     for name, workload in found.items():
         for container in workload["spec"]["template"]["spec"]["containers"]:
-            ready = "/healthz" if name == "proxy" else "/readyz"
+            ready = "/livez" if name == "proxy" else "/readyz"
             assert container["readinessProbe"]["httpGet"]["path"] == ready, name
             assert container["livenessProbe"], name
             assert container["resources"]["requests"] and container["resources"]["limits"]
@@ -194,15 +205,25 @@ def test_every_workload_has_probes_resources_and_a_budget() -> None:
     assert 'name="bundle_queued_tokens"' in metrics  # the gauge the runners export
 
 
+@pytest.mark.parametrize("kustomization", KUSTOMIZATIONS)
+def test_every_tokenizer_reaches_the_runners_through_the_proxy(kustomization: str) -> None:
+    """Stable, canary and green alike: the NetworkPolicy lets only the proxy reach a runner."""
+    found = [
+        w for w in workloads(render(kustomization)) if w["metadata"]["name"].startswith("tokenizer")
+    ]
+    assert found
+    for tokenizer in found:
+        env = {
+            e["name"]: e["value"]
+            for e in tokenizer["spec"]["template"]["spec"]["containers"][0]["env"]
+        }
+        assert [env[f"BUNDLE_TOKENIZER_{k}_URL"] for k in ("ONNX", "TF", "TENANT")] == [
+            "http://proxy:3001", "http://proxy:3002", "http://proxy:3003"
+        ], tokenizer["metadata"]["name"]  # fmt: skip
+
+
 def test_the_runners_are_reached_through_the_proxy_only() -> None:
     resources = render("base")
-    tokenizer = next(w for w in workloads(resources) if w["metadata"]["name"] == "tokenizer")
-    env = {
-        e["name"]: e["value"] for e in tokenizer["spec"]["template"]["spec"]["containers"][0]["env"]
-    }
-    assert [env[f"BUNDLE_TOKENIZER_{k}_URL"] for k in ("ONNX", "TF", "TENANT")] == [
-        "http://proxy:3001", "http://proxy:3002", "http://proxy:3003"
-    ]  # fmt: skip
     services = {r["metadata"]["name"]: r for r in resources if r["kind"] == "Service"}
     for runner in ("onnx-runner", "tf-runner", "tenant-runner"):  # headless: the proxy sees pods
         assert services[runner]["spec"]["clusterIP"] == "None", runner
