@@ -54,7 +54,7 @@ def measured_costs(store: Path, sample: int = 20) -> Costs:
         model = load(name, version, directory)
         tf = (directory / "saved_model").exists()
         if tf not in warm:  # the first load of a format starts its runtime (TF: ~2.4 s), which the
-            warm.add(tf)  # runner pays once at start (warm_up_tensorflow): timed the second time
+            warm.add(tf)  # runner pays once at start (warm_up_runtimes): timed the second time
             model = load(name, version, directory)
         sizes.append(model.nbytes / 2**20)
         seconds.append(model.load_seconds)

@@ -165,7 +165,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     print(
         f"runner worker resident memory: {ready_mb:.0f} MB when ready (runtimes loaded), "
-        f"peak {peak_mb:.0f} MB, {now_mb:.0f} MB at the end"
+        f"peak {peak_mb:.0f} MB, {now_mb:.0f} MB at the end; ready + 1.25 x budget = "
+        f"{ready_mb + 1.25 * budget_mb:.0f} MB ({'within' if peak_mb <= ready_mb + 1.25 * budget_mb else 'OVER'})"
     )
     return 1 if len(ok) < len(results) else 0
 

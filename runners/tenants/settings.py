@@ -32,7 +32,7 @@ class TenantRunnerSettings(RunnerSettings):
         256,
         gt=0,
         description="Resident memory for loaded models (estimated per format from their files: "
-        "ONNX 1.2x, TF 3.3x, measured); the least recently used are evicted beyond it.",
+        "ONNX 1.6x, TF 3.3x, measured); the least recently used are evicted beyond it.",
     )
     max_upload_mb: float = Field(16, gt=0, description="Largest model archive accepted by upload.")
     load_threads: int = Field(
