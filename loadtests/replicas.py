@@ -59,7 +59,9 @@ def measured_costs(store: Path, sample: int = 20) -> Costs:
         sizes.append(model.nbytes / 2**20)
         seconds.append(model.load_seconds)
     if not sizes:
-        raise SystemExit(f"error: no tenant in {store}: `make tenants` builds the demo tenants")
+        raise SystemExit(
+            f"error: no tenant in {store}: `make tenants-mixed` builds the demo whole-model tenants"
+        )
     return Costs(
         statistics.mean(sizes),
         statistics.mean(seconds) * 1000,

@@ -13,6 +13,9 @@ from pydantic import BaseModel, Field
 from serving.contracts import EMBEDDING_DIM, MAX_SEQ_LEN, MINILM_VOCAB, SPM_VOCAB
 
 MAX_SEQUENCES = 4096  # per runner call
+MAX_EXAMPLES = (
+    10_000  # texts per tenant-runner call: a training set at most (a classify: far fewer)
+)
 
 Sequence_ = Annotated[
     list[Annotated[int, Field(ge=0, lt=MINILM_VOCAB)]], Field(min_length=1, max_length=MAX_SEQ_LEN)
@@ -25,7 +28,7 @@ SpmIds = Annotated[
             list[Annotated[int, Field(ge=0, lt=SPM_VOCAB)]], Field(min_length=1, max_length=512)
         ]
     ],
-    Field(min_length=1, max_length=1024),
+    Field(min_length=1, max_length=MAX_EXAMPLES),
 ]
 Variant = Literal["fp32", "int8"]
 # head: a softmax layer over the shared MiniLM embedding; onnx, tf: a whole model per tenant.
@@ -33,7 +36,7 @@ TenantFormat = Literal["head", "onnx", "tf"]
 # MiniLM sentence embeddings, as head tenants take them (one row per text).
 Vectors = Annotated[
     list[Annotated[list[float], Field(min_length=EMBEDDING_DIM, max_length=EMBEDDING_DIM)]],
-    Field(min_length=1, max_length=1024),
+    Field(min_length=1, max_length=MAX_EXAMPLES),
 ]
 # What is left of the caller's own deadline; the runner refuses (503) work it cannot finish in time.
 DeadlineSeconds = Annotated[float | None, Field(gt=0, le=300)]

@@ -7,6 +7,7 @@ eviction, no cold load. Stored as a version like any other model: manifest.json 
 from __future__ import annotations
 
 import time
+import zipfile
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,6 +24,8 @@ from serving.contracts import EMBEDDING_DIM
 STEPS = 40
 RATE = 10.0
 L2 = 1e-4
+# The largest head a manifest allows (1,000 labels), float32, with room for the .npy headers.
+MAX_HEAD_BYTES = 4 * (EMBEDDING_DIM + 1) * 1000 + 4096
 
 
 @dataclass(frozen=True)
@@ -70,12 +73,21 @@ def save(directory: Path, weights: np.ndarray, bias: np.ndarray) -> None:
 def load(version: str, directory: Path) -> Head:
     """Read and check a head: shapes against the manifest's labels, finite weights."""
     manifest = read_manifest(directory)
+    path = directory / HEAD_FILE
     try:
-        with np.load(directory / HEAD_FILE, allow_pickle=False) as arrays:
+        # Sizes first: an upload's compressed arrays must not unpack into gigabytes.
+        with zipfile.ZipFile(path) as archive:
+            unpacked = sum(member.file_size for member in archive.infolist())
+        if unpacked > MAX_HEAD_BYTES:
+            raise InvalidModel(f"{HEAD_FILE} unpacks to {unpacked} bytes; at most {MAX_HEAD_BYTES}")
+        with np.load(path, allow_pickle=False) as arrays:
             weights, bias = arrays["weights"], arrays["bias"]
+        weights, bias = weights.astype(np.float32), bias.astype(np.float32)
     except FileNotFoundError:
         raise InvalidModel(f"{HEAD_FILE} is missing") from None
-    except (KeyError, ValueError, OSError) as exc:
+    except InvalidModel:
+        raise
+    except Exception as exc:  # not a zip, not .npy arrays, not numbers: not a head
         raise InvalidModel(f"{HEAD_FILE} is not a head (arrays weights, bias): {exc}") from None
     labels = len(manifest.labels)
     if weights.shape != (EMBEDDING_DIM, labels) or bias.shape != (labels,):
@@ -85,7 +97,7 @@ def load(version: str, directory: Path) -> Head:
         )
     if not (np.all(np.isfinite(weights)) and np.all(np.isfinite(bias))):
         raise InvalidModel(f"{HEAD_FILE} holds non-finite weights")
-    return Head(version, manifest.labels, weights.astype(np.float32), bias.astype(np.float32))
+    return Head(version, manifest.labels, weights, bias)
 
 
 class HeadBank:
@@ -107,13 +119,13 @@ class HeadBank:
         self.heads.pop(tenant, None)
 
     def preload(self, current: Sequence[tuple[str, str, Path]]) -> float:
-        """Reads every (tenant, version, directory) given; seconds taken. Broken ones are skipped
-        (a request for one answers the error)."""
+        """Reads every (tenant, version, directory) given; seconds taken. Broken or vanished ones
+        are skipped (a request for one answers the error)."""
         started = time.perf_counter()
         for tenant, version, directory in current:
             try:
                 self.get(tenant, version, directory)
-            except InvalidModel:
+            except (InvalidModel, OSError):
                 continue
         return time.perf_counter() - started
 

@@ -22,11 +22,11 @@ from runners.tenants.cache import ModelCache
 from runners.tenants.loader import LoadedModel, load, release_freed_memory
 from runners.tenants.metrics import LOAD_SECONDS, Exporter
 from runners.tenants.settings import TenantRunnerSettings
-from runners.tenants.store import TenantStore, read_manifest
+from runners.tenants.store import InvalidModel, TenantStore, read_manifest
 from serving.batching import Batcher
 from serving.batching.metrics import Recorder
 from serving.error_bodies import ConformingErrors
-from serving.errors import WrongInputFormat, replies_on_error
+from serving.errors import ApiError, WrongInputFormat, replies_on_error
 from serving.protocol import (
     Classified,
     Deleted,
@@ -102,8 +102,11 @@ class TenantRunner:
     def _current_heads(self):
         for tenant in self.store.names():
             found = self.store.current(tenant)
-            if found and self._format(tenant, *found) == "head":
-                yield tenant, *found
+            try:
+                if found and self._format(tenant, *found) == "head":
+                    yield tenant, *found
+            except (InvalidModel, OSError):  # broken or deleted meanwhile: its requests say so
+                continue
 
     def _format(self, tenant: str, version: str, directory: Path) -> TenantFormat:
         head = self.heads.heads.get(tenant)
@@ -149,16 +152,21 @@ class TenantRunner:
         texts' MiniLM embeddings (vectors), a whole-model tenant their SentencePiece ids (409 when
         the one its current version needs is missing)."""
         check_name(tenant)
+        if ids is None and vectors is None:
+            raise ApiError("send ids (token ids) or vectors (sentence embeddings)", 400)
         version, directory = self.store.require(tenant)
         fmt = self._format(tenant, version, directory)
         if fmt == "head":
             if vectors is None:
                 raise WrongInputFormat(f"tenant {tenant!r} is a head model: send vectors")
+            rows = np.asarray(vectors, dtype=np.float32)
+            if not np.all(np.isfinite(rows)):
+                raise ApiError("vectors must be finite numbers", 400)
             reads = self.heads.reads
             head = self.heads.get(tenant, version, directory)
             if self.heads.reads != reads:  # a new version read: the figures changed
                 self.export_metrics.heads(len(self.heads.heads), self.heads.nbytes)
-            probabilities = head.probabilities(np.asarray(vectors, dtype=np.float32))
+            probabilities = head.probabilities(rows)
             labels, answered, cache = head.labels, head.version, "hit"
         else:
             if ids is None:
@@ -222,7 +230,7 @@ class TenantRunner:
     @bentoml.api(route="/tenants/upload")
     @replies_on_error
     async def upload(self, tenant: str, file: Path, ctx: bentoml.Context) -> Registered:
-        """Register a model archive (.tar.gz: manifest.json + model.onnx or saved_model/) after checking it."""
+        """Register a model archive (.tar.gz: manifest.json + head.npz, model.onnx or saved_model/) after checking it."""
         check_name(tenant)
         published = await asyncio.to_thread(
             registry.upload, self.store, tenant, file, SETTINGS.max_upload_bytes

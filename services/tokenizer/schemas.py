@@ -13,7 +13,6 @@ from pydantic import (
     FiniteFloat,
     SerializerFunctionWrapHandler,
     StringConstraints,
-    field_validator,
     model_serializer,
 )
 
@@ -138,16 +137,6 @@ class TrainRequest(Request):
         description="head (default): a layer over the shared sentence encoder, trained in well "
         "under a second, always in memory; onnx or tf: a whole model of the tenant's own.",
     )
-
-    @field_validator("examples")
-    @classmethod
-    def _intents(cls, examples: list[Example]) -> list[Example]:
-        intents = {example.intent for example in examples}
-        if len(intents) < 2:
-            raise ValueError("examples need at least two intents; found 1")
-        if len(intents) > MAX_INTENTS:
-            raise ValueError(f"examples have {len(intents)} intents; at most {MAX_INTENTS}")
-        return examples
 
 
 class TenantRequest(Request):

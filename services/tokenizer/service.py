@@ -24,6 +24,7 @@ from services.tokenizer.openai_api import EMBEDDINGS_PATH, openai_app
 from services.tokenizer.openai_api import MOUNT as OPENAI_MOUNT
 from services.tokenizer.openapi import refine
 from services.tokenizer.schemas import (
+    MAX_INTENTS,
     ClassifyRequest,
     EmbedRequest,
     EmbedResponse,
@@ -276,6 +277,12 @@ class Tokenizer:
             self._tenant(request.tenant, ctx)
             texts = [e.text for e in request.examples]
             intents = [e.intent for e in request.examples]
+            # Valid by the schema but not trainable: 422 (as a refused model is), before any work.
+            distinct = len(set(intents))
+            if distinct < 2:
+                raise ApiError("examples: training needs at least two intents; found 1", 422)
+            if distinct > MAX_INTENTS:
+                raise ApiError(f"examples: {distinct} intents; at most {MAX_INTENTS}", 422)
             if request.format == "head":
                 vectors = await self._head_vectors(texts)
                 return await self.tenants.train(request.tenant, intents, "head", vectors=vectors)
@@ -287,7 +294,7 @@ class Tokenizer:
         async def upload_tenant(
             self, tenant: FormText, file: Path, ctx: bentoml.Context
         ) -> Registered:
-            """Upload a model archive (.tar.gz of manifest.json + model.onnx or saved_model/)."""
+            """Upload a model archive (.tar.gz of manifest.json + head.npz, model.onnx or saved_model/)."""
             # Checked before the file is handed on: a refused upload never reaches the store.
             self._tenant(tenant, ctx)
             return await self.tenants.upload(tenant, file)

@@ -61,7 +61,8 @@ def hardened(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict]:
         for name, index in TENANTS.items():
             resp = client.post(
                 "/tenants/train",
-                json={"tenant": name, "examples": examples(index)},
+                # Whole ONNX models: the crash test compares their files byte for byte.
+                json={"tenant": name, "examples": examples(index), "format": "onnx"},
                 headers=bearer(keys[name]),
             )
             assert resp.status_code == 200, resp.text
@@ -197,7 +198,9 @@ def test_the_store_survives_a_crash_mid_upload_and_mid_training(
     archives = {}
     for donor, index in (("donor-a", 6), ("donor-b", 7)):
         trained = client.post(
-            "/tenants/train", json={"tenant": donor, "examples": examples(index)}, headers=operator
+            "/tenants/train",
+            json={"tenant": donor, "examples": examples(index), "format": "onnx"},
+            headers=operator,
         )
         assert trained.status_code == 200, trained.text
         archives[donor] = store.archive(donor, tmp_path / f"{donor}.tar.gz")
@@ -220,7 +223,7 @@ def test_the_store_survives_a_crash_mid_upload_and_mid_training(
     published: dict[str, bytes] = {}  # bravo's versions as the trainings published them
 
     def train(c: httpx.Client, turn: int) -> httpx.Response:
-        body = {"tenant": "bravo", "examples": examples((8, 4)[turn % 2])}
+        body = {"tenant": "bravo", "examples": examples((8, 4)[turn % 2]), "format": "onnx"}
         reply = c.post("/tenants/train", json=body, headers=operator)
         if reply.status_code == 200:  # read back at once, before a later training prunes it
             version = reply.json()["version"]

@@ -1,5 +1,5 @@
 """The memory budget bounds memory: a tenant runner (`bentoml serve`, the runner alone) churned
-through 150 whole-model tenants (ONNX, every fourth TF) with a 64 MB budget — every request a load
+through 150 whole-model tenants (ONNX, every fourth TF) with a 96 MB budget — nearly every request a load
 and an eviction — keeps its worker's peak resident memory within ready + 1.25 × budget.
 
 The tenants are copies of two trained models (one per format, ~3 MB of files each), written once
@@ -25,7 +25,7 @@ from tests.e2e.conftest import log_path
 
 STORE = ROOT / "build" / "test-churn"
 TENANTS = 150
-BUDGET_MB = 64
+BUDGET_MB = 96
 
 
 def spm() -> sentencepiece.SentencePieceProcessor:
