@@ -137,7 +137,9 @@ class TenantRunnerClient:
         # BentoML's client takes per-call headers only in ``_call`` (its public ``call`` has none;
         # bentoml is pinned, and tests/unit/test_clients.py pins that the header arrives).
         endpoint = self.proxy.endpoints[api]
-        kwargs = {"tenant": tenant, **kwargs}
+        # Absent, not None: BentoML's JSON client encodes an optional argument by the schema's
+        # first type (an array), and None is not one.
+        kwargs = {"tenant": tenant, **{k: v for k, v in kwargs.items() if v is not None}}
         return lambda: self.proxy._call(endpoint, (), kwargs, headers={TENANT_HEADER: tenant})
 
     async def classify(

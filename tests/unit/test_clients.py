@@ -160,9 +160,11 @@ def test_a_dead_connection_is_retried_once_then_reported_as_503() -> None:
 
 
 def test_bentoml_client_sends_the_tenant_header_to_the_runner() -> None:
-    """The real client BentoML gives the tokenizer for a runner reached by URL, against the tenant
-    runner's own endpoints: the proxy's routing key arrives on the request, with the JSON body."""
-    from _bentoml_impl.client.http import AsyncHTTPClient
+    """The client `bentoml.depends(url=...)` gives the tokenizer (a RemoteProxy speaking JSON),
+    against the tenant runner's own endpoints: the proxy's routing key arrives on the request, with
+    the JSON body; arguments not given are absent, not null (BentoML's JSON encoder cannot send a
+    null for an optional array)."""
+    from _bentoml_impl.client import RemoteProxy
     from starlette.applications import Starlette
     from starlette.requests import Request
     from starlette.responses import JSONResponse
@@ -178,13 +180,27 @@ def test_bentoml_client_sends_the_tenant_header_to_the_runner() -> None:
         )
         return JSONResponse(CLASSIFIED.model_dump(mode="json"))
 
-    app = Starlette(routes=[Route("/classify", classify, methods=["POST"])])
+    async def schema(_: Request) -> JSONResponse:  # what a tenant runner serves: its own schema
+        return JSONResponse(TenantRunner.schema())
 
-    class Proxy:
-        to_async = AsyncHTTPClient(
-            "http://tenant-runner", service=TenantRunner, app=app, server_ready_timeout=0
+    async def main() -> tuple[Classified, Classified]:
+        app = Starlette(
+            routes=[
+                Route("/classify", classify, methods=["POST"]),
+                Route("/schema.json", schema, methods=["GET"]),
+            ]
         )
+        # As bentoml.depends(url=...) makes it: no service class, JSON, endpoints from the schema.
+        proxy = RemoteProxy("http://tenant-runner", media_type="application/json", app=app)
+        async with proxy.to_async:
+            client = TenantRunnerClient(proxy)
+            by_ids = await client.classify("acme", [[5, 6]], None)
+            by_vectors = await client.classify("acme", None, np.full((1, 384), 0.5, np.float32))
+        return by_ids, by_vectors
 
-    answer = asyncio.run(TenantRunnerClient(Proxy()).classify("acme", [[5, 6]], None))
-    assert answer.model_dump() == CLASSIFIED.model_dump()
-    assert seen == [("/classify", "acme", {"tenant": "acme", "ids": [[5, 6]], "vectors": None})]
+    by_ids, by_vectors = asyncio.run(main())
+    assert by_ids.model_dump() == by_vectors.model_dump() == CLASSIFIED.model_dump()
+    assert seen == [
+        ("/classify", "acme", {"tenant": "acme", "ids": [[5, 6]]}),
+        ("/classify", "acme", {"tenant": "acme", "vectors": [[0.5] * 384]}),
+    ]
