@@ -34,7 +34,7 @@ def tenants(stack: Stack) -> list[list]:
     def train(spec: demo.DemoTenant) -> None:
         examples = [{"text": text, "intent": intent} for text, intent in spec.train]
         # Whole models (ONNX): what a replica loads on demand under its budget. (Head tenants are
-        # read by any replica in ~0.2 ms; placement matters for the models that cost memory.)
+        # read by any replica in ~0.3 ms; placement matters for the models that cost memory.)
         body = {"tenant": spec.name, "examples": examples, "format": "onnx"}
         reply = stack.client.post("/tenants/train", json=body)
         assert reply.status_code == 200, reply.text
