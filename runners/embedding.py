@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import time
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from serving.batching import Batcher, Engine, Policy
+from serving.batching import Batcher, Engine, Lanes, Policy
 from serving.batching.metrics import Recorder
 from serving.features import pad
 from serving.protocol import EmbedResult, timing_headers
@@ -22,16 +21,27 @@ def calibrate(engine: Engine, rows: int = 16, length: int = 32) -> float:
     return 2 * rows * length / (time.perf_counter() - started)
 
 
-def batchers(runner: str, engines: dict[str, Engine], policy: Policy) -> dict[str, Batcher]:
-    """One batcher per model, all sharing one engine thread: calls never overlap on the cores."""
-    executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"{runner}-engine")
+def batchers(
+    runner: str,
+    engines: dict[str, Engine],
+    policy: Policy,
+    lanes: int = 1,
+    solos: dict[str, Engine] | None = None,
+) -> dict[str, Batcher]:
+    """One batcher per model, all sharing the instance's ``lanes``: calls of every model together
+    never run on more lanes than the instance has cores for. ``solos``: each model's engine for a
+    call that runs alone (serving/batching/batcher.py)."""
+    shared = Lanes(lanes, f"{runner}-engine")
+    solos = solos or {}
     return {
         name: Batcher(
             engine,
             policy,
-            executor=executor,
+            lanes=shared,
+            solo=solos.get(name),
             recorder=Recorder(runner, name),
-            tokens_per_s=calibrate(engine),
+            # The instance's speed: a solo engine has every core, as a loaded instance has.
+            tokens_per_s=calibrate(solos.get(name, engine)),
         )
         for name, engine in engines.items()
     }

@@ -11,6 +11,7 @@ from pydantic import Field, model_validator
 
 from serving.batching import Policy
 from serving.batching.grouping import CALL_OVERHEAD_TOKENS
+from serving.hot_path import HotPathService
 from serving.settings import ServiceSettings, available_cores
 
 
@@ -69,8 +70,9 @@ class RunnerSettings(ServiceSettings):
 
     def service_config(self, hot_routes: list[str]) -> dict:
         """The ``@bentoml.service`` keywords these settings decide; ``hot_routes``: the runner's APIs,
-        kept out of tracing unless ``trace_requests`` is on."""
+        kept out of tracing, and so answered on the lean path, unless ``trace_requests`` is on."""
         return {
+            "service_class": HotPathService,
             "workers": self.workers,
             "tracing": self.tracing(hot_routes),
             "traffic": {"timeout": self.timeout_s},

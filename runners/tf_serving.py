@@ -27,7 +27,7 @@ import bentoml
 from pydantic import Field, TypeAdapter, ValidationError
 from starlette.applications import Starlette
 from starlette.requests import Request
-from starlette.responses import JSONResponse
+from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from serving.batching import Batcher
@@ -36,6 +36,7 @@ from serving.error_bodies import ConformingErrors
 from serving.errors import Overloaded
 from serving.openapi_docs import OpenApiDocs
 from serving.protocol import MAX_SEQUENCES, TokenIds
+from serving.replies import reply
 
 MOUNT = "/v1"  # where the runners mount this app (@bentoml.asgi_app(..., path=MOUNT))
 # The hot routes, for the tracing exclusion (``{x}`` is one path segment).
@@ -226,7 +227,7 @@ def metadata(name: str, contract: Contract) -> dict[str, Any]:
 def tf_serving_app(servables: Callable[[], dict[str, Batcher]], contract: Contract) -> Starlette:
     """``servables`` maps a model name to its batcher, read from the running service instance."""
 
-    async def predict(request: Request) -> JSONResponse:
+    async def predict(request: Request) -> Response:
         try:
             name, _ = servable(request, servables)  # the URL first: a wrong one says so
             raw = await request.body()
@@ -240,9 +241,9 @@ def tf_serving_app(servables: Callable[[], dict[str, Batcher]], contract: Contra
             return exc.response()
         except Overloaded as exc:
             return exc.response()  # {"error": ...} with Retry-After
-        return JSONResponse({"predictions" if form == "instances" else "outputs": rows.tolist()})
+        return reply({"predictions" if form == "instances" else "outputs": rows})
 
-    async def route(request: Request) -> JSONResponse:
+    async def route(request: Request) -> Response:
         """Every path under /v1: TF Serving's grammar decides, not Starlette's (case, verbs)."""
         if request.method == "POST":
             return await predict(request)

@@ -26,17 +26,29 @@ class OnnxRunner:
     def __init__(self) -> None:
         from serving.engines.onnx import OnnxEngine
 
-        engines = {
-            variant: OnnxEngine(
-                ref.path_of("model.onnx"),
-                contracts.SENTENCE_EMBEDDING,
-                threads=SETTINGS.threads,
-                providers=SETTINGS.providers,
-                name=str(ref.tag),
+        models = {"fp32": self.fp32, "int8": self.int8}
+
+        def sessions(threads: int) -> dict[str, OnnxEngine]:
+            return {
+                variant: OnnxEngine(
+                    ref.path_of("model.onnx"),
+                    contracts.SENTENCE_EMBEDDING,
+                    threads=threads,
+                    providers=SETTINGS.providers,
+                    name=str(ref.tag),
+                )
+                for variant, ref in models.items()
+            }
+
+        lanes = SETTINGS.lane_count
+        if lanes == 1:
+            self.batchers = embedding.batchers(
+                "onnx_runner", sessions(SETTINGS.threads), SETTINGS.policy
             )
-            for variant, ref in (("fp32", self.fp32), ("int8", self.int8))
-        }
-        self.batchers = embedding.batchers("onnx_runner", engines, SETTINGS.policy)
+        else:  # one-thread sessions on parallel lanes, and a solo session on every lane's core
+            self.batchers = embedding.batchers(
+                "onnx_runner", sessions(1), SETTINGS.policy, lanes, solos=sessions(lanes)
+            )
         self.servables = {name: self.batchers[v] for name, v in SERVABLES.items()}
 
     @bentoml.api

@@ -23,7 +23,7 @@ from runners.tenants.loader import LoadedModel, load, release_freed_memory
 from runners.tenants.metrics import LOAD_SECONDS, Exporter
 from runners.tenants.settings import TenantRunnerSettings
 from runners.tenants.store import InvalidModel, TenantStore, read_manifest
-from serving.batching import Batcher
+from serving.batching import Batcher, Lanes
 from serving.batching.metrics import Recorder
 from serving.error_bodies import ConformingErrors
 from serving.errors import ApiError, WrongInputFormat, replies_on_error
@@ -76,7 +76,8 @@ class TenantRunner:
     def __init__(self) -> None:
         self.store = TenantStore(SETTINGS.store, keep_versions=SETTINGS.keep_versions)
         self.store.clean_staging()
-        self.engine_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tenant-engine")
+        # One engine thread for every tenant model: their calls never overlap on the cores.
+        self.engine_lane = Lanes(1, "tenant-engine")
         self.load_threads = ThreadPoolExecutor(
             SETTINGS.load_threads, thread_name_prefix="tenant-load"
         )
@@ -135,7 +136,7 @@ class TenantRunner:
 
         model = await loop.run_in_executor(self.load_threads, release_then_load)
         model.batcher = Batcher(
-            model.engine, SETTINGS.policy, executor=self.engine_thread, recorder=self.recorder
+            model.engine, SETTINGS.policy, lanes=self.engine_lane, recorder=self.recorder
         )
         return model
 

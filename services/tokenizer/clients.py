@@ -4,17 +4,22 @@ A runner is a dependency in the same ``bentoml serve`` graph (its answers arrive
 themselves) or a URL (one container each; answers arrive as JSON): ``_as`` turns either into the
 declared type of ``serving.protocol``. Every call retries once on a dead connection and passes a
 runner's overload (429/503 + Retry-After) and the caller's mistakes (4xx) through as they are.
+
+The hot calls (embed, classify) go through ``_post``: BentoML's own connection to the runner and
+its wire format, without its generic client's per-call work (see there).
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Awaitable, Callable
+import pickle
+from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
 from typing import Any, TypeVar
 
 import aiohttp
 import numpy as np
+import orjson
 from bentoml.exceptions import BentoMLException
 from pydantic import BaseModel
 
@@ -23,7 +28,6 @@ from serving.errors import ApiError, Overloaded
 from serving.protocol import (
     Classified,
     Deleted,
-    EmbedResult,
     Registered,
     TenantFormat,
     TenantInfo,
@@ -74,18 +78,59 @@ async def _call(runner: str, send: Callable[[], Awaitable[Any]]) -> Any:
     raise AssertionError("unreachable")
 
 
+PICKLE = "application/vnd.bentoml+pickle"
+
+
+async def _post(
+    client: Any, api: str, body: dict[str, Any], headers: Mapping[str, str] | None = None
+) -> Any:
+    """Call a runner API as BentoML's client would, on its connection: pickle in the graph, JSON
+    by URL (the client's ``media_type``), BentoML's status-to-exception mapping. What it leaves
+    out, per call: validating our own arguments with pydantic before sending them (the runner
+    validates them), OpenTelemetry's header propagation (the hot routes are not traced), an
+    async-iterator body, and validating the answer into a model again. Measured in the tokenizer
+    at one client: see loadtests/README.md. bentoml is pinned; tests/unit/test_clients.py pins
+    that the runner reads these calls and that the answers equal BentoML's client's."""
+    from _bentoml_impl.client.proxy2 import map_exception
+
+    session = await client._session_manager.get_session()
+    pickled = client.media_type == PICKLE
+    data = pickle.dumps(body, protocol=5) if pickled else orjson.dumps(body)
+    sent = {"content-type": client.media_type, **(headers or {})}
+    async with session.post(client.endpoints[api].route, data=data, headers=sent) as resp:
+        if not resp.ok:
+            raise await map_exception(resp)
+        raw = await resp.read()
+        if not pickled:
+            return orjson.loads(raw)
+        return _unpickle(raw, resp.headers.get("buffer-lengths"))
+
+
+def _unpickle(raw: bytes, lengths: str | None) -> Any:
+    """BentoML's pickle body: the pickle, then its out-of-band buffers (the arrays' bytes)."""
+    if not lengths:
+        return pickle.loads(raw)
+    sizes = [int(n) for n in lengths.split(",")]
+    view = memoryview(raw)
+    buffers, start = [], sizes[0]
+    for size in sizes[1:]:
+        buffers.append(pickle.PickleBuffer(view[start : start + size]))
+        start += size
+    return pickle.loads(view[: sizes[0]], buffers=buffers)
+
+
 def _budget(seconds: float) -> float:
     # Never zero or negative (the runner would refuse the call as invalid rather than as late): a
     # budget already spent still reaches the runner, which answers 503 at once.
     return max(seconds, 0.001)
 
 
-def _embedded(result: Any) -> Embedded:
-    answer = _as(EmbedResult, result)
+def _embedded(answer: dict[str, Any]) -> Embedded:
+    """EmbedResult's fields (serving.protocol), as the runner sends them."""
     return Embedded(
-        vectors=np.asarray(answer.embeddings, dtype=np.float32),
-        queue_ms=answer.queue_ms,
-        inference_ms=answer.inference_ms,
+        vectors=np.asarray(answer["embeddings"], dtype=np.float32),
+        queue_ms=float(answer["queue_ms"]),
+        inference_ms=float(answer["inference_ms"]),
     )
 
 
@@ -97,13 +142,14 @@ class OnnxRunnerClient:
         self.variant = variant
 
     async def embed(self, ids: list[list[int]], deadline_s: float) -> Embedded:
+        body = {"ids": ids, "variant": self.variant, "deadline_s": _budget(deadline_s)}
+        import os
+
+        if os.environ.get("XOLD") == "1":
+            r = await _call("onnx_runner", lambda: self.proxy.to_async.embed(**body))
+            return Embedded(np.asarray(r.embeddings, dtype=np.float32), r.queue_ms, r.inference_ms)
         return _embedded(
-            await _call(
-                "onnx_runner",
-                lambda: self.proxy.to_async.embed(
-                    ids=ids, variant=self.variant, deadline_s=_budget(deadline_s)
-                ),
-            )
+            await _call("onnx_runner", lambda: _post(self.proxy.to_async, "embed", body))
         )
 
 
@@ -112,11 +158,9 @@ class TFRunnerClient:
         self.proxy = proxy
 
     async def embed(self, ids: list[list[int]], deadline_s: float) -> Embedded:
+        body = {"ids": ids, "deadline_s": _budget(deadline_s)}
         return _embedded(
-            await _call(
-                "tf_runner",
-                lambda: self.proxy.to_async.embed(ids=ids, deadline_s=_budget(deadline_s)),
-            )
+            await _call("tf_runner", lambda: _post(self.proxy.to_async, "embed", body))
         )
 
 
@@ -134,8 +178,9 @@ class TenantRunnerClient:
         self.proxy = proxy.to_async
 
     def _for(self, tenant: str, api: str, **kwargs: Any) -> Callable[[], Awaitable[Any]]:
-        # BentoML's client takes per-call headers only in ``_call`` (its public ``call`` has none;
-        # bentoml is pinned, and tests/unit/test_clients.py pins that the header arrives).
+        # The registry's calls, with BentoML's client. It takes per-call headers only in ``_call``
+        # (its public ``call`` has none; bentoml is pinned, and tests/unit/test_clients.py pins
+        # that the header arrives).
         endpoint = self.proxy.endpoints[api]
         # Absent, not None: BentoML's JSON client encodes an optional argument by the schema's
         # first type (an array), and None is not one.
@@ -147,10 +192,15 @@ class TenantRunnerClient:
     ) -> Classified:
         """With the texts' SentencePiece ids (whole-model tenants), their MiniLM vectors (head
         tenants) or both, when the caller does not know which the tenant is."""
-        kwargs: dict[str, Any] = {"ids": ids}
+        body: dict[str, Any] = {"tenant": tenant}
+        if ids is not None:  # absent, not null (see _for)
+            body["ids"] = ids
         if vectors is not None:
-            kwargs["vectors"] = vectors.tolist()
-        return _as(Classified, await _call(self.name, self._for(tenant, "classify", **kwargs)))
+            body["vectors"] = vectors.tolist()
+        headers = {TENANT_HEADER: tenant}
+        return _as(
+            Classified, await _call(self.name, lambda: _post(self.proxy, "classify", body, headers))
+        )
 
     async def train(
         self,

@@ -17,6 +17,8 @@ from starlette.exceptions import HTTPException
 from starlette.formparsers import MultiPartException
 from starlette.requests import Request
 
+from serving.hot_path import replay
+
 UPLOAD_PATH = "/tenants/upload"
 
 
@@ -63,9 +65,8 @@ class JsonOnly:
                           f"content-type: expected multipart/form-data, got {_shown(content_type)}")  # fmt: skip
             return
         body = await Request(scope, receive).body()
-        replay = _replay(body)
         try:
-            form = await Request(scope, _replay(body)).form()
+            form = await Request(scope, replay(body)).form()
             await form.close()
         # Starlette turns its parser's MultiPartException into an HTTPException when the scope
         # holds an app (it does, in a server); the bare form is what it raises elsewhere. Left
@@ -74,21 +75,7 @@ class JsonOnly:
             detail = getattr(exc, "detail", None) or getattr(exc, "message", None) or str(exc)
             await _refuse(send, 400, "malformed multipart body", str(detail)[:200])
             return
-        await self.app(scope, replay, send)
-
-
-def _replay(body: bytes) -> Any:
-    """An ASGI receive that hands over ``body`` once, as one message."""
-    sent = False
-
-    async def receive() -> dict[str, Any]:
-        nonlocal sent
-        if sent:
-            return {"type": "http.disconnect"}
-        sent = True
-        return {"type": "http.request", "body": body, "more_body": False}
-
-    return receive
+        await self.app(scope, replay(body), send)
 
 
 def _shown(content_type: bytes) -> str:

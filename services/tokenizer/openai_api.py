@@ -18,7 +18,7 @@ from typing import Annotated, Any, Protocol
 
 import numpy as np
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
-from pydantic_core import PydanticCustomError, to_json
+from pydantic_core import PydanticCustomError
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
@@ -30,6 +30,7 @@ from services.tokenizer.settings import SETTINGS, Backend
 from services.tokenizer.vectors import Encoding, encode
 from serving.contracts import EMBEDDING_DIM
 from serving.errors import ApiError, Overloaded, TooManyTokens
+from serving.replies import reply as _json
 
 MOUNT = "/v1"
 EMBEDDINGS_PATH = f"{MOUNT}/embeddings"
@@ -127,10 +128,6 @@ class OpenAIError(Exception):
     def response(self) -> Response:
         body = {"message": self.message, "type": self.kind, "param": self.param, "code": self.code}
         return _json({"error": body}, self.status, self.headers)
-
-
-def _json(content: Any, status: int = 200, headers: dict[str, str] | None = None) -> Response:
-    return Response(to_json(content), status, headers, media_type="application/json")
 
 
 def unknown_model(name: str) -> OpenAIError:

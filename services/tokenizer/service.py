@@ -13,8 +13,6 @@ from typing import Any
 
 import bentoml
 import numpy as np
-from pydantic import BaseModel
-from starlette.responses import Response
 
 from services.tokenizer.clients import OnnxRunnerClient, TenantRunnerClient, TFRunnerClient
 from services.tokenizer.coalesce import Coalescer, EmbeddingClient
@@ -45,8 +43,10 @@ from serving.batching.metrics import Recorder
 from serving.error_bodies import ConformingErrors
 from serving.errors import ApiError, TooManyTokens, replies_on_error
 from serving.features import cosine
+from serving.hot_path import HotPathService
 from serving.openapi_docs import OpenApiDocs
 from serving.protocol import Classified, Deleted, Registered, TenantInfo, timing_headers
+from serving.replies import reply
 from serving.tenant_names import check_name
 
 
@@ -64,15 +64,6 @@ def _runner(url: str | None, service_path: str) -> Any:
 
 
 HEAD_PART = 32  # texts per embedding call when a head tenant's training set is embedded
-
-
-def answer(model: BaseModel) -> Response:
-    """The reply to a hot route, serialised once by pydantic (in Rust) and sent as one body.
-
-    The value is built by this service (``model_construct``: no validation of 384 floats per
-    vector it just computed), and a returned Response skips BentoML's output serialisation and its
-    three-message streaming response; the API's return annotation still documents the schema."""
-    return Response(model.model_dump_json(), media_type="application/json")
 
 
 def coalescers(onnx: Any, tf: Any, settings: TokenizerSettings) -> dict[Backend, Coalescer]:
@@ -98,7 +89,8 @@ def coalescers(onnx: Any, tf: Any, settings: TokenizerSettings) -> dict[Backend,
     }
 
 
-# The public API: kept out of tracing unless BUNDLE_TOKENIZER_TRACE_REQUESTS is on.
+# The public API: kept out of tracing, and so answered on the lean path (serving/hot_path.py),
+# unless BUNDLE_TOKENIZER_TRACE_REQUESTS is on.
 HOT_ROUTES = ["/embed", "/similarity", "/tokenize", "/inference", "/classify", EMBEDDINGS_PATH]
 
 
@@ -109,6 +101,7 @@ def current_service() -> Any:
 @bentoml.asgi_app(openai_app(current_service), path=OPENAI_MOUNT)
 @bentoml.service(
     name="tokenizer",
+    service_class=HotPathService,
     workers=SETTINGS.workers,
     tracing=SETTINGS.tracing(HOT_ROUTES),
     traffic={"timeout": SETTINGS.timeout_s},
@@ -177,13 +170,8 @@ class Tokenizer:
         """Sentence embeddings (384 floats, L2-normalised) for each text, in order; with
         "encoding": "base64", each as its little-endian float32 bytes in base64 (about a quarter of the bytes)."""
         vectors, tokens = await self._embed(request.texts, request.backend, ctx)
-        return answer(
-            EmbedResponse.model_construct(
-                embeddings=encode(vectors, request.encoding),
-                backend=request.backend,
-                tokens=tokens,
-            )
-        )
+        embeddings = encode(vectors, request.encoding)
+        return reply({"embeddings": embeddings, "backend": request.backend, "tokens": tokens})
 
     @bentoml.api
     @replies_on_error
@@ -198,18 +186,15 @@ class Tokenizer:
             vectors[[index[p[0]] for p in request.pairs]],
             vectors[[index[p[1]] for p in request.pairs]],
         )
-        labels = (
-            None if request.threshold is None else [int(s >= request.threshold) for s in scores]
-        )
-        return answer(SimilarityResponse.model_construct(scores=scores.tolist(), labels=labels))
+        if request.threshold is None:  # labels absent, not null (see SimilarityResponse)
+            return reply({"scores": scores})
+        return reply({"scores": scores, "labels": (scores >= request.threshold).astype(np.int8)})
 
     @bentoml.api
     async def tokenize(self, request: TokenizeRequest, /) -> TokenizeResponse:
         """Token ids per text: MiniLM's WordPiece (default) or the SentencePiece model."""
         encoder = self.text.minilm if request.tokenizer == "minilm" else self.text.sentencepiece
-        return answer(
-            TokenizeResponse.model_construct(ids=await self.text.run(encoder, request.texts))
-        )
+        return reply({"ids": await self.text.run(encoder, request.texts)})
 
     @bentoml.api
     @replies_on_error
@@ -218,7 +203,7 @@ class Tokenizer:
     ) -> InferenceResponse:
         """One text in, its sentence embedding out: {"input_text": str} -> {"outputs": [float]}."""
         vectors, _ = await self._embed([request.input_text], SETTINGS.default_backend, ctx)
-        return answer(InferenceResponse.model_construct(outputs=vectors[0].tolist()))
+        return reply({"outputs": vectors[0]})
 
     async def _head_vectors(self, texts: list[str]) -> np.ndarray:
         # Head tenants take MiniLM fp32 vectors: the ONNX runner's, in the same batches as every
@@ -264,7 +249,7 @@ class Tokenizer:
         self.tenant_formats[request.tenant] = result.format
         ctx.response.headers["X-Tenant-Cache"] = result.cache
         ctx.response.headers["X-Total-Time"] = f"{(time.perf_counter() - started) * 1000:.2f}"
-        return answer(result)
+        return reply(result.model_dump())
 
     if SETTINGS.admin_enabled:
         # The tenant registry. With admin_enabled off these methods are never defined: the routes

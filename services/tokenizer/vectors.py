@@ -15,8 +15,9 @@ Encoding = Literal["float", "base64"]
 
 
 def encode(vectors: np.ndarray, encoding: Encoding) -> list[Any]:
-    """One entry per row: a list of floats, or a base64 string of the row's float32 bytes."""
+    """One entry per row: the row itself (written as JSON numbers by ``serving.replies``), or a
+    base64 string of its float32 bytes."""
     if encoding == "base64":
         little = vectors.astype("<f4", copy=False)
         return [base64.b64encode(row.tobytes()).decode("ascii") for row in little]
-    return vectors.tolist()
+    return list(vectors)

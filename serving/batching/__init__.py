@@ -2,7 +2,7 @@
 planned by length (grouping.py, batcher.py), observed by metrics.py."""
 
 from serving.batching.admission import Admission
-from serving.batching.batcher import Batcher, Engine, Policy
+from serving.batching.batcher import Batcher, Engine, Lanes, Policy
 from serving.batching.grouping import Group, efficiency, plan
 from serving.batching.queue import Pending, Timing, TokenQueue, deliver, fail
 
@@ -11,6 +11,7 @@ __all__ = [
     "Batcher",
     "Engine",
     "Group",
+    "Lanes",
     "Pending",
     "Policy",
     "Timing",

@@ -1,27 +1,38 @@
-"""The runner side of the queue: rounds planned into engine calls, run one at a time.
+"""The runner side of the queue: rounds planned into engine calls, run on the instance's lanes.
 
-Whenever the engine is free, the loop takes a *round* from the token queue (queue.py), plans it
-into engine calls with ``grouping.plan`` (sorted by length, padded-token budget, dynamic padding),
-runs the calls one at a time on the process's engine thread, and answers each request as soon as
-its last row is done. While the engine runs, new requests queue up, so batches grow with load and
-a lone request is never made to wait for company. An engine call whose requests have all gone
-is skipped before it costs engine time.
+Whenever a lane can take work, the loop takes a *round* from the token queue (queue.py), plans it
+into engine calls with ``grouping.plan`` (sorted by length, padded-token budget, dynamic padding)
+and hands the calls to the lanes, answering each request as soon as its last row is done. While
+the lanes work, new requests queue up, so batches grow with load and a lone request is never made
+to wait for company. An engine call whose requests have all gone is skipped before it costs
+engine time.
+
+Lanes (``Lanes``): the engine threads of a runner instance, shared by its batchers (one per model).
+With one lane, calls run one after another on one engine that uses every core of the instance.
+With several, that many calls run at once, each on a single-threaded engine: on two cores, two
+one-thread calls did ~14 % more chat work than one two-thread call (measured in the stack at 64
+users, loadtests/README.md), because a single-threaded call never waits at a barrier for a thread
+that another process has taken the core from. A call that is alone (one call in its round, nothing
+running, nothing queued) runs on the batcher's ``solo`` engine instead, which uses every lane's
+core: a lone request is as fast as with one wide lane.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import Executor, ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
 
 from serving.batching.admission import Admission
-from serving.batching.grouping import plan
+from serving.batching.grouping import Group, plan
 from serving.batching.metrics import NullRecorder
 from serving.batching.queue import Pending, Timing, TokenQueue, clock, deliver, fail
+from serving.errors import DeadlineExceeded
 from serving.features import Feeds, pad
 
 Engine = Callable[[Feeds], np.ndarray]
@@ -52,24 +63,57 @@ class Policy:
             raise ValueError(f"deadline_s must be positive, got {self.deadline_s}")
 
 
+class Lanes:
+    """The engine threads of a runner instance, shared by its batchers: ``count`` calls run at
+    once, and one more waits in line so that a lane never idles between two calls."""
+
+    def __init__(self, count: int = 1, name: str = "engine") -> None:
+        if count < 1:
+            raise ValueError(f"lanes must be positive, got {count}")
+        self.count = count
+        self.executor = ThreadPoolExecutor(max_workers=count, thread_name_prefix=name)
+        self.placed = 0  # calls handed over and not finished: running, or in line
+        self._slots = asyncio.Semaphore(count + 1)
+
+    async def place(self) -> None:
+        """Wait until a call can be handed over, and count it as placed."""
+        await self._slots.acquire()
+        self.placed += 1
+
+    def done(self) -> None:
+        self.placed -= 1
+        self._slots.release()
+
+
+@dataclass(frozen=True)
+class _Call:
+    members: list[tuple[Pending, int]]  # (request, row) of each sequence, in the call's order
+    group: Group
+    real: int  # real (unpadded) tokens
+
+
 class Batcher:
     def __init__(
         self,
         engine: Engine,
         policy: Policy,
         *,
-        executor: Executor | None = None,
+        lanes: Lanes | None = None,
+        solo: Engine | None = None,
         recorder: NullRecorder | None = None,
         pad_id: int = 0,
         tokens_per_s: float | None = None,
     ) -> None:
-        """``tokens_per_s`` seeds the speed estimate used for admission until calls are measured
+        """``lanes``: shared with the instance's other batchers (default: one of its own).
+        ``solo``: the engine for a call that runs alone, using every lane's core (default: ``engine``).
+        ``tokens_per_s`` seeds the speed estimate used for admission until calls are measured
         (the runners calibrate it at start; default: Admission's)."""
         self.engine = engine
+        self.solo = solo or engine
         self.policy = policy
         self.pad_id = pad_id
         self.recorder = recorder or NullRecorder()
-        self._executor = executor or ThreadPoolExecutor(max_workers=1, thread_name_prefix="engine")
+        self.lanes = lanes or Lanes()
         admission = Admission(
             policy.max_queue_tokens, policy.deadline_s, on_shed=self.recorder.shed
         )
@@ -78,6 +122,7 @@ class Batcher:
         self.queue = TokenQueue(admission, self.recorder)
         self._wakeup = asyncio.Event()
         self._task: asyncio.Task | None = None
+        self._calls: set[asyncio.Task] = set()
         self._closing = False
 
     # -- public ---------------------------------------------------------------------------
@@ -99,7 +144,7 @@ class Batcher:
         self._ensure_running()
         self._wakeup.set()
         # Awaiting the future directly: if the caller is cancelled, so is the future, and the
-        # round skips the request instead of computing it for nobody.
+        # call skips the request instead of computing it for nobody.
         rows = await pending.future
         return rows, pending.timing
 
@@ -115,6 +160,7 @@ class Batcher:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
             self._task = None
+        await asyncio.gather(*self._calls, return_exceptions=True)  # calls placed: answered
         self.queue.fail_all("runner is shutting down")
 
     # -- the loop -------------------------------------------------------------------------
@@ -128,40 +174,76 @@ class Batcher:
             await self._wakeup.wait()
             self._wakeup.clear()
             while self.queue:
-                await self._run_round(self.queue.take(self.policy.round_tokens))
+                # A round is taken only when its first call can be placed: until then, requests
+                # arriving join it.
+                await self.lanes.place()
+                requests = self.queue.take(self.policy.round_tokens)
+                if not requests:
+                    self.lanes.done()
+                    continue
+                await self._place_round(requests)
             if self._closing:
                 return
 
-    async def _run_round(self, requests: list[Pending]) -> None:
-        if not requests:
-            return
+    async def _place_round(self, requests: list[Pending]) -> None:
+        """Plan a round into calls and place them (the first on the lane already held)."""
         started = clock()
         members = [m for r in requests for m in r.rows_of()]
         lengths = [len(r.sequences[row]) for r, row in members]
-        loop = asyncio.get_running_loop()
         p = self.policy
-        for group in plan(lengths, p.max_batch_tokens, p.max_batch_rows, p.call_overhead_tokens):
-            call = [members[i] for i in group.indices]
-            real = sum(lengths[i] for i in group.indices)
-            if all(request.future.done() for request, _ in call):
-                self.admission.finished(real)
-                continue
-            batch = [request.sequences[row] for request, row in call]
-            call_started = clock()
-            try:
-                out = await loop.run_in_executor(
-                    self._executor, self.engine, pad(batch, self.pad_id)
-                )
-            except Exception as exc:  # the engine failed: fail this call's requests, keep serving
-                fail([request for request, _ in call], exc)
-                self.admission.finished(real)
-                continue
-            done = clock()
-            self.admission.finished(real, done - call_started)
-            self.recorder.engine_call(len(batch), group.padded_tokens, real, done - call_started)
-            # A request answered by this call has run from the round's start until now; one with
-            # rows in a later call is overwritten there.
-            for request in {id(r): r for r, _ in call}.values():
-                request.timing.engine_calls += 1
-                request.timing.inference_s = done - started
-            deliver(call, out)
+        groups = plan(lengths, p.max_batch_tokens, p.max_batch_rows, p.call_overhead_tokens)
+        for i, group in enumerate(groups):
+            if i:
+                await self.lanes.place()
+            alone = len(groups) == 1 and self.lanes.placed == 1 and not self.queue
+            call = _Call(
+                [members[k] for k in group.indices], group, sum(lengths[k] for k in group.indices)
+            )
+            task = asyncio.get_running_loop().create_task(
+                self._run_call(call, self.solo if alone else self.engine, started)
+            )
+            self._calls.add(task)
+            task.add_done_callback(self._calls.discard)
+
+    async def _run_call(self, call: _Call, engine: Engine, started: float) -> None:
+        loop = asyncio.get_running_loop()
+        try:
+            out, seconds = await loop.run_in_executor(
+                self.lanes.executor, self._compute, call, engine
+            )
+        except Exception as exc:  # the engine failed: fail this call's requests, keep serving
+            fail([request for request, _ in call.members], exc)
+            self.admission.finished(call.real)
+            return
+        finally:
+            self.lanes.done()
+        if out is None:  # every request of the call had gone, or its deadline passed in line
+            self.admission.finished(call.real)
+            late = {id(r): r for r, _ in call.members if not r.future.done()}.values()
+            for _ in late:
+                self.recorder.shed("deadline")
+            fail(list(late), DeadlineExceeded(1, "deadline passed while queued"))
+            return
+        # Admission needs the instance's speed. A call on one of several lanes took one lane's
+        # time while the others worked too; a solo call had every core to itself.
+        on_every_core = engine is self.solo and self.solo is not self.engine
+        self.admission.finished(call.real, seconds if on_every_core else seconds / self.lanes.count)
+        self.recorder.engine_call(len(call.members), call.group.padded_tokens, call.real, seconds)
+        done = clock()
+        # A request answered by this call has run from the round's start until now; one with
+        # rows in a later call is overwritten there.
+        for request in {id(r): r for r, _ in call.members}.values():
+            request.timing.engine_calls += 1
+            request.timing.inference_s = done - started
+        deliver(call.members, out)
+
+    def _compute(self, call: _Call, engine: Engine) -> tuple[np.ndarray | None, float]:
+        """On a lane's thread: pad and run, unless every request of the call has gone or run out
+        of time meanwhile (a call may wait in line behind the running ones)."""
+        now = clock()
+        if all(r.future.done() or now > r.deadline for r, _ in call.members):
+            return None, 0.0
+        feeds = pad([request.sequences[row] for request, row in call.members], self.pad_id)
+        began = time.perf_counter()
+        out = engine(feeds)
+        return out, time.perf_counter() - began

@@ -86,12 +86,11 @@ class FakeProxy:
 
 
 @pytest.mark.parametrize("json", [False, True], ids=["same graph", "by URL"])
-def test_tenant_client_answers_typed_models_either_way(json: bool) -> None:
+def test_tenant_registry_answers_typed_models_either_way(json: bool) -> None:
     client = TenantRunnerClient(FakeProxy(json))
 
     async def main() -> list[Any]:
         return [
-            await client.classify("acme", [[5, 6]], None),
             await client.train("acme", ["a", "b"], "onnx", ids=[[5], [6]]),
             await client.upload("acme", Path("model.tar.gz")),
             await client.list_tenants(),
@@ -100,35 +99,98 @@ def test_tenant_client_answers_typed_models_either_way(json: bool) -> None:
         ]
 
     proxy = client.proxy
-    classified, trained, uploaded, names, info, deleted = asyncio.run(main())
+    trained, uploaded, names, info, deleted = asyncio.run(main())
     # Every call of one tenant names it for the proxy; listing names none (any replica answers).
-    assert proxy.headers == [{"X-Bundle-Tenant": "acme"}] * 5
-    assert [api for api, _ in proxy.calls] == [
-        "classify", "train", "upload", "list_tenants", "show", "delete"
-    ]  # fmt: skip
-    assert type(classified) is Classified and classified == CLASSIFIED
+    assert proxy.headers == [{"X-Bundle-Tenant": "acme"}] * 4
+    assert [api for api, _ in proxy.calls] == ["train", "upload", "list_tenants", "show", "delete"]
     assert type(trained) is Registered and trained == REGISTERED and uploaded == REGISTERED
     assert names == ["acme", "initech"]
     assert type(info) is TenantInfo and info == INFO
     assert deleted == Deleted(tenant="acme", deleted=True)
 
 
-@pytest.mark.parametrize("json", [False, True], ids=["same graph", "by URL"])
-def test_embedding_clients_answer_float32_rows_either_way(json: bool) -> None:
-    onnx, tf = FakeProxy(json), FakeProxy(json)
+def runner_app(service: Any, answers: dict[str, Any], seen: list[tuple[str, str, Any]]) -> Any:
+    """A runner's endpoints as BentoML's server reads and answers them: the body parsed by the
+    serde of its media type into the API's input spec, the answer written by its output spec."""
+    from _bentoml_impl.serde import ALL_SERDE
+    from starlette.applications import Starlette
+    from starlette.requests import Request
+    from starlette.responses import JSONResponse
+    from starlette.routing import Route
 
-    async def main():
-        return (
-            await OnnxRunnerClient(onnx, "int8").embed([[101, 102]], 2.0),
-            await TFRunnerClient(tf).embed([[101, 102]], -1.0),
+    def api(name: str) -> Any:
+        method = service.apis[name]
+
+        async def endpoint(request: Request) -> Any:
+            serde = ALL_SERDE[request.headers["content-type"]]()
+            data = await method.input_spec.from_http_request(request, serde)
+            seen.append((name, request.headers.get("x-bundle-tenant"), data.model_dump()))
+            return await method.output_spec.to_http_response(answers[name], serde)
+
+        return Route(f"/{name}", endpoint, methods=["POST"])
+
+    async def schema(_: Request) -> JSONResponse:
+        return JSONResponse(service.schema())
+
+    return Starlette(routes=[*(api(n) for n in answers), Route("/schema.json", schema)])
+
+
+def proxy_of(service: Any, app: Any, in_graph: bool) -> Any:
+    """The client ``bentoml.depends`` gives the tokenizer: in the graph, the runner's service and
+    pickle; by URL, JSON and the endpoints from the runner's schema."""
+    from _bentoml_impl.client import RemoteProxy
+
+    from services.tokenizer.clients import PICKLE
+
+    if in_graph:
+        service.inject_config()  # BentoML reads the runner's timeout from its config
+        return RemoteProxy("http://runner", service=service, media_type=PICKLE, app=app)
+    return RemoteProxy("http://runner", media_type="application/json", app=app)
+
+
+@pytest.mark.parametrize("in_graph", [True, False], ids=["same graph", "by URL"])
+def test_hot_calls_are_read_by_the_runner_and_answer_as_bentomls_client(in_graph: bool) -> None:
+    """The embed and classify calls skip BentoML's generic client (``_post``): the runner's own
+    serde reads exactly the arguments BentoML's client sends, and the answers are the same."""
+    from runners.onnx.service import OnnxRunner
+    from runners.tenants.service import TenantRunner
+    from runners.tf.service import TFRunner
+
+    seen: list[tuple[str, str, Any]] = []
+    vectors = np.full((1, 384), 0.5, np.float32)
+
+    async def main() -> list[Any]:
+        onnx = proxy_of(OnnxRunner, runner_app(OnnxRunner, {"embed": EMBEDDED}, seen), in_graph)
+        tf = proxy_of(TFRunner, runner_app(TFRunner, {"embed": EMBEDDED}, seen), in_graph)
+        tenants = proxy_of(
+            TenantRunner, runner_app(TenantRunner, {"classify": CLASSIFIED}, seen), in_graph
         )
+        async with onnx.to_async, tf.to_async, tenants.to_async:
+            ours = [
+                await OnnxRunnerClient(onnx, "int8").embed([[101, 102]], 2.0),
+                await TFRunnerClient(tf).embed([[101, 102]], -1.0),
+                await TenantRunnerClient(tenants).classify("acme", [[5, 6]], None),
+                await TenantRunnerClient(tenants).classify("acme", None, vectors),
+            ]
+            theirs = await onnx.to_async.embed(ids=[[101, 102]], variant="int8", deadline_s=2.0)
+        return [*ours, theirs]
 
-    for result in asyncio.run(main()):
+    onnx, tf, by_ids, by_vectors, theirs = asyncio.run(main())
+    for result in (onnx, tf):
         assert result.vectors.dtype == np.float32
         np.testing.assert_array_equal(result.vectors, EMBEDDED.embeddings)
         assert (result.queue_ms, result.inference_ms) == (1.5, 2.5)
-    assert onnx.calls == [("embed", {"ids": [[101, 102]], "variant": "int8", "deadline_s": 2.0})]
-    assert tf.calls[0][1]["deadline_s"] == 0.001  # a spent budget still reaches the runner
+    embeddings = theirs["embeddings"] if isinstance(theirs, dict) else theirs.embeddings
+    np.testing.assert_array_equal(np.asarray(embeddings, np.float32), onnx.vectors)
+    assert type(by_ids) is Classified and by_ids == by_vectors == CLASSIFIED
+    ids = {"ids": [[101, 102]], "variant": "int8", "deadline_s": 2.0}
+    assert seen == [
+        ("embed", None, ids),
+        ("embed", None, {"ids": [[101, 102]], "deadline_s": 0.001}),  # a spent budget still goes
+        ("classify", "acme", {"tenant": "acme", "ids": [[5, 6]], "vectors": None}),
+        ("classify", "acme", {"tenant": "acme", "ids": None, "vectors": vectors.tolist()}),
+        ("embed", None, ids),  # BentoML's own client: the same arguments
+    ]
 
 
 def test_overload_and_caller_errors_pass_through_with_their_status() -> None:
@@ -139,7 +201,7 @@ def test_overload_and_caller_errors_pass_through_with_their_status() -> None:
 
     async def outcome(client: TenantRunnerClient) -> BaseException:
         with pytest.raises(ApiError) as info:
-            await client.classify("acme", [[5]], None)
+            await client.show("acme")
         return info.value
 
     shed = asyncio.run(outcome(failing(429, '{"error": "queue full", "retry_after": 3}')))
@@ -150,12 +212,12 @@ def test_overload_and_caller_errors_pass_through_with_their_status() -> None:
 
 def test_a_dead_connection_is_retried_once_then_reported_as_503() -> None:
     once = FakeProxy(False, [aiohttp.ServerDisconnectedError()])
-    assert asyncio.run(TenantRunnerClient(once).classify("acme", [[5]], None)) == CLASSIFIED
+    assert asyncio.run(TenantRunnerClient(once).show("acme")) == INFO
     assert len(once.calls) == 2
 
     dead = FakeProxy(False, [aiohttp.ServerDisconnectedError(), aiohttp.ServerDisconnectedError()])
     with pytest.raises(RunnerUnavailable) as info:
-        asyncio.run(TenantRunnerClient(dead).classify("acme", [[5]], None))
+        asyncio.run(TenantRunnerClient(dead).show("acme"))
     assert info.value.status == 503 and info.value.headers() == {"Retry-After": "1"}
 
 

@@ -68,22 +68,14 @@ def test_the_setting_turns_tracing_back_on(target: str) -> None:
     assert not any(excluded(config, path) for path in hot), config.get("tracing")
 
 
-def test_a_hot_reply_is_serialised_once_and_sent_whole() -> None:
-    """The hot routes return ``answer(model)``: pydantic's JSON of the model, one body with its
-    length, instead of BentoML's re-serialisation into a three-message streaming response."""
-    from services.tokenizer.schemas import EmbedResponse, SimilarityResponse
-    from services.tokenizer.service import answer
-
-    model = EmbedResponse.model_construct(embeddings=[[0.5, -0.25]], backend="onnx", tokens=[3])
-    reply = answer(model)
-    assert reply.media_type == "application/json"
-    assert json.loads(reply.body) == {
-        "embeddings": [[0.5, -0.25]],
-        "backend": "onnx",
-        "tokens": [3],
-    }
-    assert reply.headers["content-length"] == str(len(reply.body))
-    # A model's own serialiser still applies: no threshold, no "labels" key (not null).
-    assert json.loads(
-        answer(SimilarityResponse.model_construct(scores=[0.1], labels=None)).body
-    ) == {"scores": [0.1]}
+@pytest.mark.parametrize("target", SERVICES)
+def test_every_service_puts_the_lean_path_in_front(target: str) -> None:
+    """Each service's workers answer its untraced routes on the lean path (serving/hot_path.py,
+    whose own tests pin that it answers as BentoML does)."""
+    module, name = target.split(":")
+    code = f"from {module} import {name} as s; print(type(s).__name__)"
+    proc = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.strip().splitlines()[-1] == "HotPathService"

@@ -1,0 +1,462 @@
+"""The lean path of a service's hot routes: BentoML's answer, without BentoML's per-request layers.
+
+BentoML 1.4.39 sends every request through ten layers before an API runs: Starlette's error
+middleware, its metrics middleware, OpenTelemetry's (which rebuilds the URL to test its exclusion
+list even for excluded routes), the access log, a timeout middleware that starts a task per request,
+the service's own middlewares, a context middleware, Starlette's exception middleware and router,
+and an endpoint wrapper that calls ``inspect.signature`` per request. For a one-sentence request
+that machinery was most of the tokenizer's ~0.75 ms of CPU (py-spy, 64 users: loadtests/README.md).
+
+``HotPath`` sits in front of the app BentoML builds and answers the *hot routes* itself: the POST
+routes a service keeps out of tracing (``ServiceSettings.trace_requests`` off, the default) — its
+APIs, and the POST routes of apps mounted in it (OpenAI's ``/v1/embeddings``). For an API it parses
+the body with BentoML's own input spec and serde (JSON; pickle on internal services only, as
+BentoML allows), calls the function, and answers with its output spec, mapping errors as BentoML's
+endpoint wrapper does; a mounted app is called as BentoML's router would. Around both it keeps what
+BentoML's layers do for such a request: the request metrics (BentoML's own metric objects, same
+series), the access log when it is on (BentoML's own middleware), the traffic timeout (504, BentoML's
+body; one timer instead of a task per request), the ``Server`` header, and, on a service that
+installs ``ConformingErrors``, the one error format of its 4xx bodies (``error_bodies``).
+
+Everything else goes to BentoML's app untouched: other routes and methods, a body that does not
+validate (BentoML writes the 400), any other content type (415 on the public port), and a service
+with traced hot routes, ``max_concurrency`` or CORS, whose middlewares the lean path would skip.
+
+Installed by an upstream-style override: ``bentoml.service(service_class=HotPathService)`` (a
+parameter of BentoML's own decorator) whose ``to_asgi`` — what every ``bentoml serve`` and
+``start-http-server`` worker calls — returns ``HotPath(app)``. ``tests/unit/test_hot_path.py`` pins
+that both paths answer alike (bodies, statuses, headers, metrics, timeout, errors).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import inspect
+from collections.abc import Awaitable, Callable, Mapping
+from timeit import default_timer
+from typing import Any
+
+from _bentoml_impl.serde import JSONSerde, Payload, PickleSerde, Serde
+from _bentoml_sdk import Service
+from _bentoml_sdk.io_models import ARGS, KWARGS, IORootModel, IterableResponse
+from pydantic import ValidationError
+from starlette.applications import Starlette
+from starlette.datastructures import Headers
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from serving.error_bodies import ConformingErrors, conform
+
+Scope = dict[str, Any]
+ASGIApp = Callable[[Scope, Any, Any], Awaitable[None]]
+_PARSED = "bundle.parsed"  # the scope key that hands a parsed request past the recording layers
+_UNEXPECTED = {"error": "An unexpected error has occurred, please check the server log."}
+
+
+class HotPathService(Service):
+    """A BentoML service whose workers put ``HotPath`` in front of the app BentoML builds."""
+
+    def to_asgi(self, is_main: bool = True) -> ASGIApp:
+        return HotPath(super().to_asgi(is_main), self, is_main=is_main)
+
+
+class HotContext:
+    """What an API's ``ctx`` offers on the lean path: BentoML's ``Context`` without its context
+    variables: the request, and the response's status, headers (a dict) and cookies."""
+
+    __slots__ = ("request", "response")
+
+    def __init__(self, scope: Scope) -> None:
+        from bentoml._internal.context import ServiceContext
+
+        self.request = Request(scope)
+        self.response = ServiceContext.ResponseContext(metadata={})  # type: ignore[arg-type]
+
+
+class HotPath:
+    def __init__(self, app: Starlette, service: Service, *, is_main: bool) -> None:
+        self.app = app
+        self.service = service
+        self.is_main = is_main
+        self.timeout: float | None = None
+        self._routes: dict[str, ASGIApp] | None = None
+        self._conforming: ConformingErrors | None = None  # the service's, if it installs it
+
+    async def __call__(self, scope: Scope, receive: Any, send: Any) -> None:
+        if scope["type"] == "http" and scope["method"] == "POST":
+            route = self.routes().get(scope["path"])
+            if route is not None:
+                await route(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+    def routes(self) -> dict[str, ASGIApp]:
+        """Path -> its lean handler. Built at the first request: BentoML builds its middlewares at
+        start-up, and the lean path takes their settings from them. Empty: BentoML's path only."""
+        if self._routes is None:
+            if getattr(self.app, "middleware_stack", None) is None:
+                return {}  # not started: BentoML's path, and look again next time
+            self._routes = self._build()
+        return self._routes
+
+    def _build(self) -> dict[str, ASGIApp]:
+        from bentoml._internal.server.http.access import AccessLogMiddleware
+        from bentoml._internal.server.http.instruments import RunnerTrafficMetricsMiddleware
+        from bentoml._internal.server.http.traffic import (
+            MaxConcurrencyMiddleware,
+            TimeoutMiddleware,
+        )
+        from bentoml._internal.utils.uri import join_paths
+        from opentelemetry.instrumentation.asgi import OpenTelemetryMiddleware
+        from starlette.middleware.cors import CORSMiddleware
+
+        layers: dict[type, Any] = {}
+        layer = self.app.middleware_stack
+        while layer is not None:
+            layers[type(layer)] = layer
+            layer = getattr(layer, "app", None)
+        if MaxConcurrencyMiddleware in layers or CORSMiddleware in layers:
+            return {}  # the lean path would skip them
+        if TimeoutMiddleware in layers:
+            self.timeout = layers[TimeoutMiddleware].timeout
+        tracing = layers.get(OpenTelemetryMiddleware)
+        metrics = layers.get(RunnerTrafficMetricsMiddleware)
+        access = layers.get(AccessLogMiddleware)
+        self._conforming = layers.get(ConformingErrors)
+
+        def untraced(path: str) -> bool:
+            return tracing is not None and tracing.excluded_urls.url_disabled(
+                f"http://localhost{path}"
+            )
+
+        def around(handler: ASGIApp, path: str) -> ASGIApp:
+            """What BentoML's layers record of a request: its access log line, its metrics."""
+            if access is not None:
+                logged = copy.copy(access)
+                logged.app = handler
+                handler = logged
+            return _Metrics(metrics, path, handler) if metrics is not None else handler
+
+        routes: dict[str, ASGIApp] = {}
+        for name, method in self.service.apis.items():
+            path = join_paths(self.service.path_prefix, method.route)
+            if untraced(path) and hot_api(self.service, name):
+                routes[path] = self._api(_Api(self.service, name), lambda h, p=path: around(h, p))
+        for app, mount, _ in self.service.mount_apps:
+            for path in _posted_routes(app, mount):
+                if untraced(path) and path not in routes:
+                    routes[path] = around(self._mounted(app, mount), path)
+        return routes
+
+    # -- an API -------------------------------------------------------------------------------
+
+    def _api(self, api: _Api, around: Callable[[ASGIApp], ASGIApp]) -> ASGIApp:
+        async def answer(scope: Scope, receive: Any, send: Any) -> None:
+            serde, data = scope.pop(_PARSED)
+            ctx = HotContext(scope)
+            timer = asyncio.timeout(self.timeout)
+            try:
+                async with timer:
+                    output = await api.call(data, ctx)
+                response = await api.response(output, serde, ctx)
+            except TimeoutError:
+                if timer.expired():  # BentoML's timeout middleware answers, without a Server header
+                    await self._send(self._timed_out(), scope, receive, send, server=False)
+                    return
+                response = _failed(scope)
+            except Exception as exc:
+                response = _refused(scope, exc)
+            await self._send(response, scope, receive, send)
+
+        recorded = around(answer)
+
+        async def handle(scope: Scope, receive: Any, send: Any) -> None:
+            # What BentoML would not parse the same way goes to BentoML, before anything is
+            # recorded here: its own layers record it.
+            serde = self._serde(scope)
+            if serde is None:
+                await self.app(scope, receive, send)
+                return
+            body = await _read(receive)
+            try:
+                data = api.parse(serde, body, scope)
+            except Exception:  # invalid JSON or fields, a bad pickle: BentoML answers
+                await self.app(scope, replay(body), send)
+                return
+            scope[_PARSED] = (serde, data)
+            await recorded(scope, receive, send)
+
+        return handle
+
+    def _serde(self, scope: Scope) -> Serde | None:
+        media = b""
+        for key, value in scope["headers"]:
+            if key == b"content-type":
+                media = value.split(b";")[0].strip().lower()
+                break
+        if media == b"application/json" or media.endswith(b"+json"):
+            return JSONSerde()
+        if media == PickleSerde.media_type.encode() and not self.is_main:
+            return PickleSerde()  # BentoML refuses pickle on the public port; so do we
+        return None
+
+    # -- a mounted app --------------------------------------------------------------------------
+
+    def _mounted(self, app: ASGIApp, mount: str) -> ASGIApp:
+        async def handle(scope: Scope, receive: Any, send: Any) -> None:
+            root = scope.get("root_path", "")
+            child = {**scope, "path_params": {}, "app_root_path": root, "root_path": root + mount}
+            started: list[bool] = []
+
+            async def sent(message: dict[str, Any]) -> None:
+                started.append(True)
+                await send(message)
+
+            timer = asyncio.timeout(self.timeout)
+            try:
+                async with timer:
+                    await app(child, receive, sent)
+            except TimeoutError:
+                if started or not timer.expired():
+                    raise
+                await self._send(self._timed_out(), scope, receive, send, server=False)
+
+        return handle
+
+    # -- replies --------------------------------------------------------------------------------
+
+    def _timed_out(self) -> Response:
+        message = f"Not able to process the request in {self.timeout} seconds"
+        return JSONResponse({"error": message}, status_code=504)
+
+    async def _send(
+        self, response: Response, scope: Scope, receive: Any, send: Any, *, server: bool = True
+    ) -> None:
+        """One start message and one body, with the Server header BentoML's endpoint wrapper adds
+        to an API's answers; a 4xx JSON body in the one error format, as ``ConformingErrors``
+        writes it on BentoML's path."""
+        if server:
+            name = f"BentoML Service/{self.service.name}"
+            response.raw_headers.append((b"server", name.encode("latin-1")))
+        if isinstance(response, IterableResponse):
+            body = b"".join(response.body_iterator)
+        elif hasattr(response, "body"):
+            body = response.body
+        else:  # a stream: Starlette sends it
+            await response(scope, receive, send)
+            return
+        status = response.status_code
+        if (
+            400 <= status < 500
+            and self._conforms(scope)
+            and response.media_type == "application/json"
+        ):
+            body = conform(body)
+            _merge(response.raw_headers, {"content-length": str(len(body))})
+        await send(
+            {"type": "http.response.start", "status": status, "headers": response.raw_headers}
+        )
+        await send({"type": "http.response.body", "body": body})
+        if response.background is not None:
+            await response.background()
+
+    def _conforms(self, scope: Scope) -> bool:
+        skip = self._conforming.skip_prefix if self._conforming is not None else None
+        return self._conforming is not None and not (skip and scope["path"].startswith(skip))
+
+
+class _Api:
+    """One API on the lean path: its request parsed and its function called as BentoML's
+    ``api_endpoint`` does."""
+
+    def __init__(self, service: Service, name: str) -> None:
+        method = service.apis[name]
+        self.func = method.func
+        self.spec = method.input_spec
+        self.output = method.output_spec
+        self.ctx_param = method.ctx_param
+        self.root = getattr(self.spec, "__root_input__", False)
+        self._instance: Any = None
+
+    def parse(self, serde: Serde, body: bytes, scope: Scope) -> Any:
+        if isinstance(serde, JSONSerde):
+            return self.spec.model_validate_json(body or b"{}")
+        return serde.deserialize_model(Payload((body,), metadata=Headers(scope=scope)), self.spec)
+
+    async def call(self, data: Any, ctx: HotContext) -> Any:
+        if self._instance is None:
+            from bentoml import get_current_service
+
+            self._instance = get_current_service()
+        args: tuple[Any, ...] = ()
+        kwargs: dict[str, Any] = {}
+        if self.root:
+            args = (data.root,) if isinstance(data, IORootModel) else (data,)
+        else:
+            kwargs = {k: getattr(data, k) for k in data.model_fields}
+        if self.ctx_param is not None:
+            kwargs[self.ctx_param] = ctx
+        return await self.func(self._instance, *args, **kwargs)
+
+    async def response(self, output: Any, serde: Serde, ctx: HotContext) -> Response:
+        """The reply, with ctx's status, headers and cookies when the API takes ctx."""
+        from bentoml._internal.utils.http import set_cookies
+
+        if isinstance(output, Response):
+            response = output
+        else:
+            response = await self.output.to_http_response(output, serde)
+        if self.ctx_param is not None:
+            response.status_code = ctx.response.status_code
+            _merge(response.raw_headers, ctx.response.metadata)
+            set_cookies(response, ctx.response.cookies)
+        return response
+
+
+class _Metrics:
+    """BentoML's request metrics for one hot route: the metric objects its middleware created
+    (the same series), with their labelled children looked up once instead of per request."""
+
+    def __init__(self, middleware: Any, path: str, app: ASGIApp) -> None:
+        from bentoml._internal.context import server_context as context
+
+        self.app = app
+        labels = {
+            "endpoint": path,
+            "service_name": context.bento_name,
+            "service_version": context.bento_version,
+            "runner_name": context.service_name,
+        }
+        self.total = lambda status: middleware.metrics_request_total.labels(
+            **labels, http_response_code=status
+        )
+        self.duration = lambda status: middleware.metrics_request_duration.labels(
+            **labels, http_response_code=status
+        )
+        self.in_progress = middleware.metrics_request_in_progress.labels(**labels)
+        self.last_request = middleware.metrics_last_request_timestamp.labels(
+            service_name=context.bento_name,
+            service_version=context.bento_version,
+            runner_name=context.service_name,
+        )
+        self.by_status: dict[int, tuple[Any, Any]] = {}
+
+    async def __call__(self, scope: Scope, receive: Any, send: Any) -> None:
+        self.last_request.set_to_current_time()
+        started = default_timer()
+        status = 0
+
+        async def sent(message: dict[str, Any]) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+            elif message["type"] == "http.response.body" and not message.get("more_body"):
+                if status not in self.by_status:
+                    self.by_status[status] = (self.total(status), self.duration(status))
+                total, duration = self.by_status[status]
+                total.inc()
+                duration.observe(max(default_timer() - started, 0))
+            await send(message)
+
+        self.in_progress.inc()
+        try:
+            await self.app(scope, receive, sent)
+        finally:
+            self.in_progress.dec()
+
+
+def hot_api(service: Service, name: str) -> bool:
+    """Whether an API can take the lean path: a coroutine with a plain body (no files, no
+    batching, no task queue, no ``*args``/``**kwargs``)."""
+    method = service.apis[name]
+    fields = getattr(method.input_spec, "model_fields", {})
+    return (
+        inspect.iscoroutinefunction(inspect.unwrap(method.func))
+        and not method.batchable
+        and not method.is_task
+        and not getattr(method.input_spec, "multipart_fields", None)
+        and ARGS not in fields
+        and KWARGS not in fields
+    )
+
+
+def _posted_routes(app: Any, mount: str) -> list[str]:
+    """The fixed POST paths of a Starlette app mounted at ``mount`` (no path parameters)."""
+    if not isinstance(app, Starlette):
+        return []
+    return [
+        mount.rstrip("/") + route.path
+        for route in app.routes
+        if isinstance(route, Route)
+        and not route.param_convertors
+        and "POST" in (route.methods or ())
+    ]
+
+
+def _merge(raw: list[tuple[bytes, bytes]], headers: Mapping[str, str]) -> None:
+    """Set ``headers`` on a response's raw header list, replacing any of the same name."""
+    if not headers:
+        return
+    names = {name.lower().encode("latin-1") for name in headers}
+    raw[:] = [(k, v) for k, v in raw if k not in names]
+    raw.extend((k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in headers.items())
+
+
+def _failed(scope: Scope) -> Response:
+    from bentoml._internal.server.http_app import log_exception
+
+    log_exception(Request(scope))
+    return JSONResponse(_UNEXPECTED, status_code=500)
+
+
+def _refused(scope: Scope, exc: Exception) -> Response:
+    """BentoML's ``api_endpoint_wrapper`` for an exception an API raised."""
+    from bentoml.exceptions import BentoMLException
+
+    if not isinstance(exc, ValidationError | BentoMLException):
+        return _failed(scope)
+    from bentoml._internal.server.http_app import log_exception
+
+    log_exception(Request(scope))
+    if isinstance(exc, ValidationError):
+        data: Any = {
+            "error": f"{exc.error_count()} validation error for {exc.title}",
+            "detail": exc.errors(include_context=False, include_input=False),
+        }
+        return JSONResponse(data, status_code=400)
+    status = exc.error_code.value
+    if status in (401, 403):
+        data = {"error": "Authorization error"}
+    elif status >= 500:
+        data = _UNEXPECTED
+    else:
+        data = ({"error": str(exc)},)
+    return JSONResponse(data, status_code=status)
+
+
+async def _read(receive: Any) -> bytes:
+    chunks = []
+    while True:
+        message = await receive()
+        if message["type"] != "http.request":
+            break  # the client has gone: what came is all there is
+        chunks.append(message.get("body", b""))
+        if not message.get("more_body"):
+            break
+    return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+
+
+def replay(body: bytes) -> Any:
+    """An ASGI receive that hands over ``body`` once (it was read already), then a disconnect."""
+    sent = False
+
+    async def receive() -> dict[str, Any]:
+        nonlocal sent
+        if sent:
+            return {"type": "http.disconnect"}
+        sent = True
+        return {"type": "http.request", "body": body, "more_body": False}
+
+    return receive
