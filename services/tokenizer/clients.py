@@ -143,11 +143,6 @@ class OnnxRunnerClient:
 
     async def embed(self, ids: list[list[int]], deadline_s: float) -> Embedded:
         body = {"ids": ids, "variant": self.variant, "deadline_s": _budget(deadline_s)}
-        import os
-
-        if os.environ.get("XOLD") == "1":
-            r = await _call("onnx_runner", lambda: self.proxy.to_async.embed(**body))
-            return Embedded(np.asarray(r.embeddings, dtype=np.float32), r.queue_ms, r.inference_ms)
         return _embedded(
             await _call("onnx_runner", lambda: _post(self.proxy.to_async, "embed", body))
         )
