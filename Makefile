@@ -90,8 +90,12 @@ tenants: models ## Build N demo head tenants (default 1000; ~20 a second) into t
 tenants-mixed: models ## Build N demo whole-model tenants (ONNX, every 4th TF) into MIXED_STORE
 	$(PY) -m tools.tenants --store $(MIXED_STORE) demo --format mixed --count $(N) $(if $(FORCE),--force)
 
+# The benchmark's /classify points draw from this many demo tenants, in both forms.
+export BENCH_TENANTS ?= $(if $(BENCH_QUICK),16,1000)
 bench: models wrk ## Side-by-side benchmark, interleaved repeats, CPU per request; records loadtests/results (BENCH_QUICK=1: short, not recorded)
-	$(PY) -m loadtests.bench
+	OPENBLAS_NUM_THREADS=1 $(PY) -m tools.tenants demo --count $(BENCH_TENANTS)
+	$(PY) -m tools.tenants --store $(MIXED_STORE) demo --format mixed --count $(BENCH_TENANTS)
+	$(PY) -m loadtests.bench --model-store $(MIXED_STORE)
 
 chaos: models ## Overload at 4x capacity, recovery, workers SIGKILLed under load (PHASE_S seconds a phase)
 	$(PY) -m loadtests.chaos --seconds $(or $(PHASE_S),20)
@@ -102,7 +106,7 @@ soak: models ## Every endpoint mixed at ~70 % of capacity for SOAK_S seconds (60
 simulate-replicas: tenants-mixed ## Tenants across 1-8 replicas: random vs consistent-hash vs bounded-load routing, a replica lost
 	$(PY) -m loadtests.replicas --store $(MIXED_STORE)
 
-tenant-figures: tenants-mixed ## Zipf load over the N demo whole-model tenants with a 10 % memory budget: latency, hit rate, RSS
+tenant-figures: tenants tenants-mixed ## Zipf load over the N demo whole-model tenants with a 10 % memory budget: latency, hit rate, RSS; what N head tenants cost
 	BUNDLE_TENANTS_STORE=$(MIXED_STORE) $(PY) -m loadtests.tenant_figures --tenants $(N)
 
 serve: models ## Serve the whole graph on $(HOST):$(PORT) (Swagger UI at /)

@@ -10,7 +10,10 @@ system:
 - naive bentoml: ``batchable=True`` on ``list[list[int]]``, padded to the longest;
 - hand-written batching: one Starlette process with a length-sorting dynamic batcher.
 Then the stack on bulk at 64 users with vectors as JSON floats and as base64 ("encoding"): what
-base64 saves in CPU per request and bytes on the wire.
+base64 saves in CPU per request and bytes on the wire. Then /classify at 64 users, one text per
+request for a tenant drawn Zipf-style from 1,000 demo tenants: head tenants (the stack's own tenant
+store, ``make tenants``) against a whole model per tenant (a second graph on the store of ``make
+tenants-mixed``, under the tenant runner's memory budget).
 Every server runs for the whole benchmark and the points are interleaved: for each repeat, each
 workload and user count, every system in turn, so a noisy minute is shared by all; before each
 point every server is drained. Each point
@@ -35,17 +38,22 @@ from pathlib import Path
 
 from loadtests import report
 from loadtests.points import (
+    CLASSIFY,
     ENCODINGS,
     FASTAPI,
     HANDWRITTEN,
+    HEADS,
     INT8,
     MIDDLE,
+    MODELS,
     NAIVE,
     NOBATCH,
     OUT,
     QUICK,
     STACK,
     SYSTEMS,
+    TENANT_SYSTEMS,
+    TENANTS,
     USERS,
     WORKLOADS,
     Point,
@@ -83,16 +91,35 @@ def uvicorn(app: str, log: Path) -> Server:
     return Server(argv, port, log, ready_path="/health")
 
 
-def servers() -> dict[str, Server]:
-    """One server per system; the int8 points go to the stack's own server (same graph)."""
+def servers(head_store: Path, model_store: Path) -> dict[str, Server]:
+    """One server per system; the int8 and head-tenant points go to the stack's own server."""
     logs = OUT / "logs"
     return {
-        STACK: bentoml_serve(".", logs / "stack.log"),
+        STACK: bentoml_serve(
+            ".", logs / "stack.log", env={"BUNDLE_TENANTS_STORE": str(head_store)}
+        ),
+        MODELS: bentoml_serve(
+            ".", logs / "models.log", env={"BUNDLE_TENANTS_STORE": str(model_store)}
+        ),
         NOBATCH: bentoml_serve(".", logs / "nobatch.log", env={"BUNDLE_ONNX_MAX_BATCH_ROWS": "1"}),
         FASTAPI: uvicorn("loadtests.baselines.fastapi_server:app", logs / "fastapi.log"),
         NAIVE: bentoml_serve("loadtests.baselines.naive_bentoml:NaiveFront", logs / "naive.log"),
         HANDWRITTEN: uvicorn("loadtests.baselines.batching_server:app", logs / "handwritten.log"),
     }
+
+
+def missing_tenants(store: Path, heads: bool) -> int:
+    """Demo tenants 1..TENANTS absent from ``store``, or there in the other form."""
+    from models import demo_tenants
+    from runners.tenants.store import TenantStore, read_manifest
+
+    tenants = TenantStore(store)
+    missing = 0
+    for index in range(1, TENANTS + 1):
+        found = tenants.current(demo_tenants.tenant(index).name)
+        if found is None or (read_manifest(found[1]).format == "head") != heads:
+            missing += 1
+    return missing
 
 
 def commit() -> str:
@@ -116,6 +143,18 @@ def main(argv: list[str] | None = None) -> int:
         "--repeats", type=int, default=int(os.environ.get("BENCH_REPEATS", 1 if QUICK else 3))
     )
     parser.add_argument(
+        "--head-store",
+        type=Path,
+        default=os.environ.get("BENCH_HEAD_STORE"),
+        help="tenant store of the head tenants (default: the tenant runner's, make tenants)",
+    )
+    parser.add_argument(
+        "--model-store",
+        type=Path,
+        default=os.environ.get("BENCH_MODEL_STORE") or Path.home() / "bentoml" / "tenants-mixed",
+        help="tenant store of the whole-model tenants (make tenants-mixed)",
+    )
+    parser.add_argument(
         "--no-record",
         dest="record",
         action="store_false",
@@ -124,15 +163,30 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
     OUT.mkdir(parents=True, exist_ok=True)
+    from runners.tenants.settings import TenantRunnerSettings
     from serving import contracts
+
+    head_store = args.head_store or TenantRunnerSettings().store
+    for store, heads, target in (
+        (head_store, True, "tenants"),
+        (args.model_store, False, "tenants-mixed"),
+    ):
+        if missing := missing_tenants(store, heads):
+            print(
+                f"error: {missing} of {TENANTS} demo tenants missing from {store}: run `make {target} N={TENANTS}`",
+                file=sys.stderr,
+            )
+            return 2
 
     print(
         f"benchmark: {'quick, ' if QUICK else ''}{args.seconds:.0f} s a point, users {USERS}, {args.repeats} repeats",
         flush=True,
     )
+    # A quick run times every plan on a part of the corpus.
+    repeats, texts = (1, 500) if QUICK else (3, None)
     raw = {
-        "fp32": raw_engine(contracts.ONNX_FP32, 1 if QUICK else 3),
-        "int8": raw_engine(contracts.ONNX_INT8, 1 if QUICK else 3),
+        "fp32": raw_engine(contracts.ONNX_FP32, repeats, texts),
+        "int8": raw_engine(contracts.ONNX_INT8, repeats, texts),
     }
     print(
         f"raw engine: {raw['fp32']['sentences_per_s']:.0f} sentences/s fp32 ({raw['fp32']['plan']}), {raw['int8']['sentences_per_s']:.0f} int8 ({raw['int8']['plan']})",
@@ -140,7 +194,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     points: list[Point] = []
     wire: list[Point] = []
-    running = servers()
+    classified: list[Point] = []
+    running = servers(head_store, args.model_store)
     with contextlib.ExitStack() as stack:
         for server in running.values():
             stack.enter_context(server)
@@ -176,6 +231,21 @@ def main(argv: list[str] | None = None) -> int:
                     f"{p.sentences_per_s:7.1f} sentences/s, {p.failures} failed",
                     flush=True,
                 )
+        # /classify: head tenants against a whole model per tenant (interleaved repeats too).
+        for repeat in range(args.repeats):
+            for system in TENANT_SYSTEMS:
+                for other in running.values():
+                    drain(other.url)
+                server = running[STACK if system == HEADS else MODELS]
+                seconds = args.seconds * BULK_LONGER  # cold loads make the whole models noisy
+                p = point(server, system, CLASSIFY, MIDDLE, seconds, repeat)
+                classified.append(p)
+                print(
+                    f"  [{repeat + 1}/{args.repeats}] {system:<24} classify {MIDDLE} users: "
+                    f"{p.requests_per_s:7.1f} requests/s, p50 {p.p50_ms:.1f} ms, p99 {p.p99_ms:.0f} ms, "
+                    f"{p.failures} failed, {p.shed} shed",
+                    flush=True,
+                )
         wire_bytes = {
             e: response_bytes(running[STACK].url, bodies("bulk", "", e)) for e in ENCODINGS
         }
@@ -183,6 +253,7 @@ def main(argv: list[str] | None = None) -> int:
         points,
         raw,
         wire=(wire, wire_bytes),
+        tenants=classified,
         meta={
             "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
             "commit": commit(),
@@ -193,6 +264,7 @@ def main(argv: list[str] | None = None) -> int:
             "repeats": args.repeats,
             "users": list(USERS),
             "load_generator": "wrk (loadtests/wrk/bodies.lua)",
+            "tenants": TENANTS,
         },
     )
     (OUT / "results.json").write_text(json.dumps(results, indent=2) + "\n")

@@ -2,9 +2,9 @@
 
 For every process of a server (the server itself and its descendants, by PID) the CPU seconds of
 its main thread and of all its other threads. In a runner the main thread runs the event loop (HTTP,
-(de)serialisation, batching) and the other threads are the engine (ONNX Runtime's or TensorFlow's
-intra-op threads and the thread that calls it), so "main" is everything but the engine; in the
-tokenizer service nearly all work is on the main thread.
+(de)serialisation, batching) and the other threads are the engine (the lanes' threads, which pad a
+call's rows and run it, and ONNX Runtime's or TensorFlow's intra-op threads), so "main" is
+everything but the engine; in the tokenizer service nearly all work is on the main thread.
 """
 
 from __future__ import annotations

@@ -68,6 +68,28 @@ def write_bodies(
     return out
 
 
+def write_classify_bodies(out: Path, tenants: int, zipf_s: float = 1.1, count: int = 4000) -> Path:
+    """One /classify body per line: a demo tenant drawn Zipf-style from ``tenants`` (popularity
+    unrelated to the tenant's number) and one new phrasing of its own intents."""
+    from models import demo_tenants
+
+    rng = random.Random(11)
+    ranked = list(range(1, tenants + 1))
+    rng.shuffle(ranked)
+    weights = [1 / rank**zipf_s for rank in range(1, tenants + 1)]
+    drawn: dict[int, tuple[str, list[str]]] = {}
+    lines = []
+    for index in rng.choices(ranked, weights, k=count):
+        if index not in drawn:
+            spec = demo_tenants.tenant(index)
+            drawn[index] = (spec.name, [text for text, _ in spec.heldout_phrases])
+        name, phrases = drawn[index]
+        lines.append(json.dumps({"tenant": name, "texts": [rng.choice(phrases)]}))
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text("\n".join(lines) + "\n")
+    return out
+
+
 def run(
     url: str, path: str, bodies: Path, connections: int, seconds: float, timeout_s: float = 30
 ) -> Load:

@@ -18,7 +18,11 @@ from loadtests.processes import ROOT, Server
 
 OUT = Path(os.environ.get("BENCH_OUT", ROOT / "build" / "bench"))
 QUICK = os.environ.get("BENCH_QUICK", "") not in ("", "0")
-WORKLOADS = {"chat": 1, "bulk": loadgen.BULK}  # sentences per request
+WORKLOADS = {"chat": 1, "bulk": loadgen.BULK}  # sentences per request (/embed)
+# /classify, one text per request, for a demo tenant drawn Zipf-style (s = 1.1) from TENANTS: head
+# tenants on the stack's own tenant store, whole models on a second graph's (make tenants-mixed).
+CLASSIFY = "classify"
+TENANTS = int(os.environ.get("BENCH_TENANTS") or (16 if QUICK else 1000))
 # One user (what batching costs when there is nothing to batch), then the ramp from 16 to 160.
 # A quick run (CI) keeps the points short and light.
 USERS = (1, 8) if QUICK else (1, 16, 64, 160)
@@ -32,6 +36,8 @@ STACK, INT8, NOBATCH, FASTAPI, NAIVE, HANDWRITTEN = (
     "hand-written batching",
 )
 SYSTEMS = (STACK, INT8, NOBATCH, FASTAPI, NAIVE, HANDWRITTEN)
+HEADS, MODELS = "stack, head tenants", "stack, per-tenant models"
+TENANT_SYSTEMS = (HEADS, MODELS)
 # How /embed sends vectors back: measured on the stack, bulk, at MIDDLE users.
 ENCODINGS = ("float", "base64")
 
@@ -55,6 +61,8 @@ class Point:
 
 
 def bodies(workload: str, backend: str, encoding: str = "") -> Path:
+    if workload == CLASSIFY:
+        return loadgen.write_classify_bodies(OUT / "bodies" / f"classify-{TENANTS}.jsonl", TENANTS)
     name = "-".join(filter(None, (workload, backend or "default", encoding)))
     return loadgen.write_bodies(
         workload, OUT / "bodies" / f"{name}.jsonl", backend=backend, encoding=encoding
@@ -83,10 +91,11 @@ def point(
     backend: str = "",
     encoding: str = "",
 ) -> Point:
+    path = "/classify" if workload == CLASSIFY else "/embed"
     before = cpu.snapshot([server.process(), *server.descendants()])
-    load = loadgen.run(server.url, "/embed", bodies(workload, backend, encoding), users, seconds)
+    load = loadgen.run(server.url, path, bodies(workload, backend, encoding), users, seconds)
     after = cpu.snapshot([server.process(), *server.descendants()])
-    per_request = WORKLOADS[workload]
+    per_request = WORKLOADS.get(workload, 1)
     ok_per_s = load.ok / load.seconds
     return Point(
         system,

@@ -1,9 +1,11 @@
 """The limit: the engine in this process, no HTTP (tokenize + ONNX session), per backend.
 
-The best of two kinds of plan over the load-test corpus: length-sorted batches of a fixed row
-count, and the stack's own planner (``serving.batching.plan``) under a sweep of padded-token
-budgets. Whichever the engine prefers as it changes, raw stays the best of both: a served figure
-above it means the limit is wrong, and the benchmark fails.
+The best of every way to feed it over the load-test corpus: two kinds of plan — length-sorted
+batches of a fixed row count, and the stack's own planner (``serving.batching.plan``) under a sweep
+of padded-token budgets — on two thread layouts — one session using every core, and one
+single-threaded session run on every core at once (the stack's lanes, serving/batching/batcher.py).
+Whichever the engine prefers as it changes, raw stays the best of all: a served figure above it
+means the limit is wrong, and the benchmark fails.
 """
 
 from __future__ import annotations
@@ -11,46 +13,60 @@ from __future__ import annotations
 import os
 import statistics
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 ROW_COUNTS = (8, 16, 32, 64, 128)
 TOKEN_BUDGETS = (512, 1024, 2048, 4096)
 
 
-def raw_engine(model: str, repeats: int) -> dict:
-    """Sentences/s of the engine alone on the load-test corpus: the best plan, its median rate."""
+def raw_engine(model: str, repeats: int, texts_limit: int | None = None) -> dict:
+    """Sentences/s of the engine alone on the load-test corpus (its first ``texts_limit`` texts, in
+    a quick run): the best plan, its median rate."""
     from models import corpus, store
     from serving import contracts
     from serving.batching import plan
     from serving.engines.onnx import OnnxEngine
     from serving.features import load_tokenizer, pad, tokenize
 
-    engine = OnnxEngine(
-        store.path_of(model) / "model.onnx",
-        contracts.SENTENCE_EMBEDDING,
-        threads=os.cpu_count() or 2,
-        providers=["CPUExecutionProvider"],
-    )
+    cores = os.cpu_count() or 2
+    path = store.path_of(model) / "model.onnx"
+    providers = ["CPUExecutionProvider"]
+    wide = OnnxEngine(path, contracts.SENTENCE_EMBEDDING, threads=cores, providers=providers)
+    lane = OnnxEngine(path, contracts.SENTENCE_EMBEDDING, threads=1, providers=providers)
     tokenizer = load_tokenizer(store.path_of(contracts.TOKENIZER) / "tokenizer.json")
-    texts = corpus.load_texts()
-    engine(pad(tokenize(tokenizer, texts[:32])))  # warm-up: allocations, kernel choice
+    texts = corpus.load_texts()[:texts_limit]
+    for engine in (wide, lane):  # warm-up: allocations, kernel choice
+        engine(pad(tokenize(tokenizer, texts[:32])))
+    lanes = ThreadPoolExecutor(max_workers=cores)
 
-    def batches_of(ids: list[list[int]], how: tuple[str, int]) -> list[list[list[int]]]:
-        kind, size = how
+    def batches_of(ids: list[list[int]], kind: str, size: int) -> list[list[list[int]]]:
         if kind == "rows":
             ordered = sorted(ids, key=len)
             return [ordered[i : i + size] for i in range(0, len(ordered), size)]
         groups = plan([len(s) for s in ids], max_tokens=size, max_rows=256)
         return [[ids[i] for i in group.indices] for group in groups]
 
+    def run(batches: list[list[list[int]]], layout: str) -> None:
+        if layout == "1 session":
+            for batch in batches:
+                wide(pad(batch))
+        else:  # every core runs its own call, taking the next batch when done
+            list(lanes.map(lambda batch: lane(pad(batch)), batches))
+
+    layouts = ("1 session", f"{cores} lanes")
     plans = [("rows", n) for n in ROW_COUNTS] + [("tokens", n) for n in TOKEN_BUDGETS]
-    rates: dict[str, list[float]] = {f"{kind} {size}": [] for kind, size in plans}
+    rates: dict[str, list[float]] = {
+        f"{kind} {size}, {layout}": [] for layout in layouts for kind, size in plans
+    }
     for _ in range(repeats):
-        for how in plans:  # interleaved: a noisy moment does not favour one plan
-            started = time.perf_counter()
-            ids = tokenize(tokenizer, texts)
-            for batch in batches_of(ids, how):
-                engine(pad(batch))
-            rates[f"{how[0]} {how[1]}"].append(len(texts) / (time.perf_counter() - started))
+        for layout in layouts:  # interleaved: a noisy moment does not favour one plan
+            for kind, size in plans:
+                started = time.perf_counter()
+                run(batches_of(tokenize(tokenizer, texts), kind, size), layout)
+                rates[f"{kind} {size}, {layout}"].append(
+                    len(texts) / (time.perf_counter() - started)
+                )
+    lanes.shutdown()
     medians = {name: statistics.median(samples) for name, samples in rates.items()}
     best = max(medians, key=medians.__getitem__)
     return {"sentences_per_s": medians[best], "plan": best, "by_plan": medians}

@@ -16,7 +16,9 @@ from loadtests.plots import plot
 from loadtests.points import (
     FASTAPI,
     HANDWRITTEN,
+    HEADS,
     INT8,
+    MODELS,
     NAIVE,
     NOBATCH,
     STACK,
@@ -121,16 +123,41 @@ def encoding(points: list[Point], response_bytes: dict[str, float]) -> dict:
     }
 
 
+def tenant_forms(points: list[Point]) -> dict:
+    """/classify: head tenants against a whole model per tenant, medians over the repeats, and the
+    heads' share of each figure (above 1 for throughput: heads serve more)."""
+    rows = {r["system"]: r for r in aggregate(points)}
+    if set(rows) != {HEADS, MODELS}:
+        return {"rows": rows}
+    heads, models = rows[HEADS], rows[MODELS]
+
+    def cpu(row: dict) -> float:
+        return sum(v["total_ms"] for v in row["cpu_ms_per_request"].values())
+
+    return {
+        "rows": rows,
+        "heads_over_models": {
+            "requests_per_s": round(heads["sentences_per_s"] / models["sentences_per_s"], 4),
+            "p99_ms": round(heads["p99_ms"] / models["p99_ms"], 4),
+            "cpu_ms_per_request": round(cpu(heads) / cpu(models), 4),
+        },
+    }
+
+
 def results(
     points: list[Point],
     raw: dict,
     meta: dict,
     wire: tuple[list[Point], dict[str, float]] | None = None,
+    tenants: list[Point] | None = None,
 ) -> dict:
-    """``wire``: the stack's bulk points by vector encoding, and the mean response size of each."""
+    """``wire``: the stack's bulk points by vector encoding, and the mean response size of each;
+    ``tenants``: the /classify points of both tenant forms."""
     rows = aggregate(points)
     ratio_rows = ratios(rows, raw)
     extra = {"encoding": encoding(*wire)} if wire else {}
+    if tenants:
+        extra["tenants"] = tenant_forms(tenants)
     return {
         "meta": meta,
         "raw": raw,
@@ -205,6 +232,23 @@ def markdown(results: dict) -> str:
         lines += [
             f"| {e} | {r['users']} | {r['sentences_per_s']:.0f} [{r['spread'][0]:.0f}, {r['spread'][1]:.0f}] | {r['response_bytes']:,} | {_cpu_cell(r)} |"
             for e, r in wire["rows"].items()
+        ]
+    if (tenant := results.get("tenants")) and "heads_over_models" in tenant:
+        share = tenant["heads_over_models"]
+        lines += [
+            "",
+            f"/classify, one text per request, tenants drawn Zipf-style (s = 1.1) from "
+            f"{results['meta'].get('tenants', '?')} demo tenants: head tenants serve "
+            f"{share['requests_per_s']:.2f}× the requests/s of a whole model per tenant, at "
+            f"{share['p99_ms']:.2f}× the p99 and {share['cpu_ms_per_request']:.2f}× the CPU per "
+            "request (all processes).",
+            "",
+            "| tenants | users | requests/s [spread] | p50 ms | p99 ms | failed | shed | CPU ms per request: main + other threads |",
+            "|---|---:|---:|---:|---:|---:|---:|---|",
+        ]
+        lines += [
+            f"| {name} | {r['users']} | {r['sentences_per_s']:.0f} [{r['spread'][0]:.0f}, {r['spread'][1]:.0f}] | {r['p50_ms']:.1f} | {r['p99_ms']:.0f} | {r['failures']} | {r['shed']} | {_cpu_cell(r)} |"
+            for name, r in tenant["rows"].items()
         ]
     lines += ["", "| target | met | measured |", "|---|---|---|"]
     lines += [

@@ -1,9 +1,11 @@
 """Figures for the multi-tenant runner under a Zipf load (``make tenant-figures``).
 
-Starts the tenant runner alone with a memory budget holding a fraction of the demo tenants
-(``make tenants`` first), sends classify requests whose tenant is drawn Zipf-style, and prints:
-warm and cold latency (split by the runner's X-Tenant-Cache header, cold also by model format),
-hit rate, and the worker's peak resident memory against the budget.
+Starts the tenant runner alone with a memory budget holding a fraction of the demo whole-model
+tenants (``make tenants-mixed`` first), sends classify requests whose tenant is drawn Zipf-style,
+and prints: warm and cold latency (split by the runner's X-Tenant-Cache header, cold also by model
+format), hit rate, and the worker's ready, peak and final resident memory against the budget. Then
+what the same number of head tenants costs (``make tenants`` first): the worker's resident memory
+with them all loaded, against the same runner with an empty store.
 
     python -m loadtests.tenant_figures [--tenants 1000] [--budget-fraction 0.1] [--requests 4000]
 """
@@ -13,6 +15,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import random
+import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,7 +26,7 @@ import numpy as np
 from loadtests.processes import ROOT, Server, bentoml_serve
 from models import demo_tenants as demo
 from runners.tenants.loader import RESIDENT_PER_FILE_BYTE
-from runners.tenants.settings import TenantRunnerSettings
+from runners.tenants.settings import TenantRunnerSettings, default_store
 from runners.tenants.store import TenantStore, size_of
 
 
@@ -47,6 +50,25 @@ def worker_rss_mb(server: Server, field: str = "VmHWM") -> float:
             if line.startswith(field + ":"):
                 peak = max(peak, int(line.split()[1]))
     return peak / 1024
+
+
+def head_cost(head_store: Path, count: int, scratch: Path) -> tuple[float, float]:
+    """Ready resident memory (MB) of a tenant runner worker with an empty store, and with demo
+    head tenants 1..count (copied from ``head_store`` into a store of their own)."""
+    ready = []
+    for n in (0, count):
+        store = scratch / f"heads-{n}"
+        shutil.rmtree(store, ignore_errors=True)
+        store.mkdir(parents=True)
+        for index in range(1, n + 1):
+            name = demo.tenant(index).name
+            shutil.copytree(head_store / name, store / name, symlinks=True)
+        env = {"BUNDLE_TENANTS_STORE": str(store)}
+        log = ROOT / "build" / f"tenant-figures-heads-{n}.log"
+        with bentoml_serve("runners.tenants.service:TenantRunner", log, env=env) as server:
+            ready.append(worker_rss_mb(server, "VmRSS"))
+        shutil.rmtree(store)
+    return ready[0], ready[1]
 
 
 def pct(values: list[float], q: float) -> float:
@@ -98,6 +120,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--requests", type=int, default=4000)
     parser.add_argument("--concurrency", type=int, default=16)
     parser.add_argument("--zipf", type=float, default=1.1, help="exponent s: P(rank r) ~ 1/r^s")
+    parser.add_argument(
+        "--head-store",
+        type=Path,
+        default=default_store(),
+        help="the head tenants' store (make tenants; default: the tenant runner's default store)",
+    )
     args = parser.parse_args(argv)
 
     import sentencepiece
@@ -167,6 +195,17 @@ def main(argv: list[str] | None = None) -> int:
         f"runner worker resident memory: {ready_mb:.0f} MB when ready (runtimes loaded), "
         f"peak {peak_mb:.0f} MB, {now_mb:.0f} MB at the end; ready + 1.25 x budget = "
         f"{ready_mb + 1.25 * budget_mb:.0f} MB ({'within' if peak_mb <= ready_mb + 1.25 * budget_mb else 'OVER'})"
+    )
+    heads = TenantStore(args.head_store)
+    if any(heads.current(n) is None for n in names):
+        print(
+            f"head tenants: not measured, {args.head_store} lacks some: run `make tenants N={args.tenants}`"
+        )
+        return 1 if len(ok) < len(results) else 2
+    empty_mb, full_mb = head_cost(args.head_store, args.tenants, ROOT / "build" / "tenant-figures")
+    print(
+        f"head tenants: {args.tenants} resident, worker {full_mb:.0f} MB against {empty_mb:.0f} MB "
+        f"with an empty store (+{full_mb - empty_mb:.0f} MB), every one answering without a load"
     )
     return 1 if len(ok) < len(results) else 0
 

@@ -33,8 +33,11 @@ def batchers(
     call that runs alone (serving/batching/batcher.py)."""
     shared = Lanes(lanes, f"{runner}-engine")
     solos = solos or {}
-    return {
-        name: Batcher(
+    made = {}
+    for name, engine in engines.items():
+        if name in solos:
+            calibrate(engine)  # warm the lanes' session up too
+        made[name] = Batcher(
             engine,
             policy,
             lanes=shared,
@@ -43,8 +46,7 @@ def batchers(
             # The instance's speed: a solo engine has every core, as a loaded instance has.
             tokens_per_s=calibrate(solos.get(name, engine)),
         )
-        for name, engine in engines.items()
-    }
+    return made
 
 
 async def embed(

@@ -1,4 +1,5 @@
-"""The tenant name rule, checked wherever a name arrives (public service, runner, store, CLI).
+"""The tenant name rule, checked wherever a name arrives (public service, runner, store, CLI), and
+the limits of a tenant's labels (the public API's and the store's manifest's).
 
 A name becomes a directory in the tenant store, so the rule keeps it from escaping it: no '/',
 no '..', no leading dot, no upper case (two names that differ only by case would share a
@@ -12,6 +13,8 @@ import re
 from serving.errors import ApiError
 
 NAME = re.compile(r"^[a-z0-9][a-z0-9_-]{0,62}$")
+MAX_LABELS = 1000  # intents a tenant model may have
+MAX_LABEL_CHARS = 100  # characters of one intent
 
 
 class InvalidTenantName(ApiError):

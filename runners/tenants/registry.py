@@ -29,6 +29,7 @@ from runners.tenants.store import (
 )
 from serving.contracts import SPM_VOCAB
 from serving.protocol import Registered
+from serving.tenant_names import MAX_LABEL_CHARS
 
 
 def _checked_publish(store: TenantStore, tenant: str, staged: Path) -> Registered:
@@ -57,6 +58,11 @@ def _check_examples(count: int, intents: Sequence[str]) -> None:
         raise InvalidModel(f"{count} texts but {len(intents)} intents")
     if len(set(intents)) < 2:
         raise InvalidModel("training needs examples of at least two intents")
+    if long := [i for i in set(intents) if len(i) > MAX_LABEL_CHARS]:
+        raise InvalidModel(
+            f"intents: {len(long)} with more than {MAX_LABEL_CHARS} characters; labels must have "
+            f"at most {MAX_LABEL_CHARS} characters"
+        )
 
 
 def train_head(

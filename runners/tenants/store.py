@@ -27,7 +27,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from serving.errors import ApiError
 from serving.protocol import TenantFormat, TenantInfo
-from serving.tenant_names import NAME, check_name
+from serving.tenant_names import MAX_LABEL_CHARS, MAX_LABELS, NAME, check_name
 
 MANIFEST = "manifest.json"
 ONNX_FILE = "model.onnx"
@@ -52,7 +52,7 @@ class Manifest(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
     format: TenantFormat
-    labels: list[str] = Field(min_length=2, max_length=1000)
+    labels: list[str] = Field(min_length=2, max_length=MAX_LABELS)
     source: Literal["train", "upload", "demo"] = "upload"
     created: str = ""
     metrics: dict[str, float] = Field(default_factory=dict)
@@ -62,6 +62,8 @@ class Manifest(BaseModel):
     def _unique(cls, labels: list[str]) -> list[str]:
         if len(set(labels)) != len(labels) or any(not label for label in labels):
             raise ValueError("labels must be unique and non-empty")
+        if any(len(label) > MAX_LABEL_CHARS for label in labels):
+            raise ValueError(f"labels must have at most {MAX_LABEL_CHARS} characters")
         return labels
 
 

@@ -18,6 +18,7 @@ from pydantic import (
 
 from services.tokenizer.settings import SETTINGS, Backend
 from services.tokenizer.vectors import Encoding
+from serving.tenant_names import MAX_LABEL_CHARS, MAX_LABELS
 
 # A text to embed must say something: empty or blank strings are refused, not embedded as [CLS][SEP].
 # "Something" is a character that is white space in no regex dialect: `\S` differs between the
@@ -44,7 +45,7 @@ class EmbedRequest(Request):
     encoding: Encoding = Field(
         "float",
         description="float: lists of numbers; base64: each vector's little-endian float32 bytes, "
-        "base64-encoded (about a quarter of the bytes; numpy.frombuffer(base64.b64decode(v), '<f4')).",
+        "base64-encoded (under half the bytes; numpy.frombuffer(base64.b64decode(v), '<f4')).",
     )
 
 
@@ -104,7 +105,7 @@ class TokenizeResponse(BaseModel):
 TenantName = Annotated[
     str, Field(description="Checked by the service: invalid names get 422, unknown ones 404.")
 ]
-Intent = Annotated[str, StringConstraints(min_length=1, max_length=100)]
+Intent = Annotated[str, StringConstraints(min_length=1, max_length=MAX_LABEL_CHARS)]
 
 
 def _form_text(value: Any) -> Any:
@@ -126,7 +127,7 @@ class Example(Request):
     intent: Intent
 
 
-MAX_INTENTS = 1000  # labels a tenant model may have (the store's manifest holds at most this many)
+MAX_INTENTS = MAX_LABELS  # labels a tenant model may have (the store's manifest holds as many)
 
 
 class TrainRequest(Request):

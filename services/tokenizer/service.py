@@ -168,7 +168,7 @@ class Tokenizer:
     @replies_on_error
     async def embed(self, request: EmbedRequest, /, ctx: bentoml.Context) -> EmbedResponse:
         """Sentence embeddings (384 floats, L2-normalised) for each text, in order; with
-        "encoding": "base64", each as its little-endian float32 bytes in base64 (about a quarter of the bytes)."""
+        "encoding": "base64", each as its little-endian float32 bytes in base64 (under half the bytes)."""
         vectors, tokens = await self._embed(request.texts, request.backend, ctx)
         embeddings = encode(vectors, request.encoding)
         return reply({"embeddings": embeddings, "backend": request.backend, "tokens": tokens})

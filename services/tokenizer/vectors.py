@@ -1,8 +1,8 @@
 """Vectors on the wire: JSON floats, or base64 of their little-endian float32 bytes.
 
 base64 is what OpenAI's API sends (its SDK asks for it by default and decodes it): 4 bytes a number,
-about a quarter of the bytes of JSON floats (measured: 65,766 against 257,703 bytes for 32
-vectors), and less to format and parse on both sides."""
+under half the bytes of JSON floats written from float32 (measured: 65,766 against 150,571 bytes
+for 32 vectors; 257,703 as float64 expansions), and less to format and parse on both sides."""
 
 from __future__ import annotations
 

@@ -62,7 +62,11 @@ class Admission:
         self.running += tokens
 
     def finished(self, tokens: int, seconds: float | None = None) -> None:
-        """``seconds``: how long the work took, to refine the speed (moving average)."""
+        """``seconds``: how long the work took, to refine the speed (``measured``)."""
         self.running -= tokens
         if seconds:
-            self.tokens_per_s = 0.8 * self.tokens_per_s + 0.2 * (tokens / max(seconds, 1e-6))
+            self.measured(tokens, seconds)
+
+    def measured(self, tokens: int, seconds: float) -> None:
+        """``tokens`` of work done in ``seconds``: the speed's moving average."""
+        self.tokens_per_s = 0.8 * self.tokens_per_s + 0.2 * (tokens / max(seconds, 1e-6))

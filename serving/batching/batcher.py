@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -124,6 +123,8 @@ class Batcher:
         self._task: asyncio.Task | None = None
         self._calls: set[asyncio.Task] = set()
         self._closing = False
+        self._last_done = 0.0  # when this batcher's latest call ended (``clock``)
+        self._window: list[float] = [0, 0.0]  # tokens done, seconds they took, not yet measured
 
     # -- public ---------------------------------------------------------------------------
 
@@ -207,43 +208,53 @@ class Batcher:
 
     async def _run_call(self, call: _Call, engine: Engine, started: float) -> None:
         loop = asyncio.get_running_loop()
+        requests = list({id(r): r for r, _ in call.members}.values())
         try:
-            out, seconds = await loop.run_in_executor(
+            out, began, ended = await loop.run_in_executor(
                 self.lanes.executor, self._compute, call, engine
             )
         except Exception as exc:  # the engine failed: fail this call's requests, keep serving
-            fail([request for request, _ in call.members], exc)
-            self.admission.finished(call.real)
+            fail(requests, exc)
             return
         finally:
             self.lanes.done()
-        if out is None:  # every request of the call had gone, or its deadline passed in line
             self.admission.finished(call.real)
-            late = {id(r): r for r, _ in call.members if not r.future.done()}.values()
+        if out is None:  # every request of the call had gone, or its deadline passed in line
+            late = [r for r in requests if not r.future.done()]
             for _ in late:
                 self.recorder.shed("deadline")
-            fail(list(late), DeadlineExceeded(1, "deadline passed while queued"))
+            fail(late, DeadlineExceeded(1, "deadline passed while queued"))
             return
-        # Admission needs the instance's speed. A call on one of several lanes took one lane's
-        # time while the others worked too; a solo call had every core to itself.
-        on_every_core = engine is self.solo and self.solo is not self.engine
-        self.admission.finished(call.real, seconds if on_every_core else seconds / self.lanes.count)
-        self.recorder.engine_call(len(call.members), call.group.padded_tokens, call.real, seconds)
+        self._measure(call.real, began, ended)
+        self.recorder.engine_call(
+            len(call.members), call.group.padded_tokens, call.real, ended - began
+        )
         done = clock()
         # A request answered by this call has run from the round's start until now; one with
         # rows in a later call is overwritten there.
-        for request in {id(r): r for r, _ in call.members}.values():
+        for request in requests:
             request.timing.engine_calls += 1
             request.timing.inference_s = done - started
         deliver(call.members, out)
 
-    def _compute(self, call: _Call, engine: Engine) -> tuple[np.ndarray | None, float]:
+    def _measure(self, tokens: int, began: float, ended: float) -> None:
+        """The speed admission plans with is the instance's, not one lane's: calls overlap, so a
+        call's share of the time is what passed since the previous call ended (or since it began).
+        Calls that end together share little time each, so the speed is updated per 50 ms of work
+        rather than per call."""
+        self._window[0] += tokens
+        self._window[1] += max(0.0, ended - max(began, self._last_done))
+        self._last_done = max(self._last_done, ended)
+        if self._window[1] >= 0.05:
+            self.admission.measured(*self._window)
+            self._window = [0, 0.0]
+
+    def _compute(self, call: _Call, engine: Engine) -> tuple[np.ndarray | None, float, float]:
         """On a lane's thread: pad and run, unless every request of the call has gone or run out
-        of time meanwhile (a call may wait in line behind the running ones)."""
-        now = clock()
-        if all(r.future.done() or now > r.deadline for r, _ in call.members):
-            return None, 0.0
-        feeds = pad([request.sequences[row] for request, row in call.members], self.pad_id)
-        began = time.perf_counter()
-        out = engine(feeds)
-        return out, time.perf_counter() - began
+        of time meanwhile (a call may wait in line behind the running ones). Returns the rows and
+        when the call began and ended (``clock``)."""
+        began = clock()
+        if all(r.future.done() or began > r.deadline for r, _ in call.members):
+            return None, began, began
+        out = engine(pad([request.sequences[row] for request, row in call.members], self.pad_id))
+        return out, began, clock()

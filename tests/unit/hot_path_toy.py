@@ -2,7 +2,7 @@
 (the lean path takes them) or traced (BentoML's path takes everything), and driven in a process of
 its own: BentoML registers its request metrics once per process.
 
-    python -m tests.unit.hot_path_toy requests|slow|public-pickle|internal-pickle lean|full
+    python -m tests.unit.hot_path_toy requests|slow|logged|public-pickle|internal-pickle lean|full
 """
 
 from __future__ import annotations
@@ -78,7 +78,7 @@ class Toy:
         return {"rows": len(ids), "variant": variant}
 
 
-def toy(name: str, traced: bool) -> HotPathService:
+def toy(name: str, traced: bool, access_log: bool = False) -> HotPathService:
     """``Toy`` as a service: its routes kept out of tracing unless ``traced``."""
     settings = ServiceSettings(trace_requests=traced)
     decorate = bentoml.service(
@@ -86,6 +86,7 @@ def toy(name: str, traced: bool) -> HotPathService:
         service_class=HotPathService,
         tracing=settings.tracing(ROUTES),
         traffic={"timeout": 1},
+        logging={"access": {"enabled": access_log}},
     )
     service = decorate(type(name, (Toy,), {}))
     service.add_asgi_middleware(ConformingErrors)  # as every service of the project does
@@ -158,12 +159,32 @@ def pickled(service: HotPathService, main: bool) -> list[Any]:
     ]
 
 
+def logged(service: HotPathService) -> list[str]:
+    """The access log's lines for two requests (the latency, which varies, left out)."""
+    import logging
+
+    lines: list[str] = []
+
+    class Keep(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            lines.append(record.getMessage().rsplit(" ", 1)[0])
+
+    access = logging.getLogger("bentoml.access")
+    access.setLevel(logging.INFO)
+    access.addHandler(Keep())
+    with TestClient(service.to_asgi(is_main=True)) as client:
+        client.post("/model", json={"text": "hello"})
+        client.post("/refused", json={"text": "acme"})
+    return lines
+
+
 if __name__ == "__main__":
     scenario, variant = sys.argv[1:3]
-    service = toy(f"toy_{variant}", traced=variant == "full")
+    service = toy(f"toy_{variant}", traced=variant == "full", access_log=scenario == "logged")
     run = {
         "requests": answers,
         "slow": slow,
+        "logged": logged,
         "public-pickle": lambda s: pickled(s, main=True),
         "internal-pickle": lambda s: pickled(s, main=False),
     }[scenario]

@@ -221,3 +221,83 @@ def test_policy_validates_limits() -> None:
         replace(Policy(), max_batch_tokens=0)
     with pytest.raises(ValueError, match="deadline_s"):
         replace(Policy(), deadline_s=0)
+
+
+def test_lanes_run_calls_at_once_and_a_lone_call_runs_solo() -> None:
+    """Two lanes: a backlog runs on both at once, on the one-thread engine; a call that is alone
+    (nothing running, nothing queued) runs on the solo engine."""
+    from serving.batching import Lanes
+
+    narrow, solo = FakeEngine(delay_s=0.05), FakeEngine(delay_s=0.05)
+    running, most = [0], [0]
+    lock = threading.Lock()
+
+    def counted(engine: FakeEngine):
+        def call(feeds: Feeds) -> np.ndarray:
+            with lock:
+                running[0] += 1
+                most[0] = max(most[0], running[0])
+            try:
+                return engine(feeds)
+            finally:
+                with lock:
+                    running[0] -= 1
+
+        return call
+
+    async def main():
+        # one row per call: each request is a call of its own
+        batcher = Batcher(
+            counted(narrow), Policy(max_batch_rows=1), lanes=Lanes(2), solo=counted(solo)
+        )
+        lone = await batcher.submit([[5, 6]])
+        backlog = await asyncio.gather(*(batcher.submit([[i + 1, 2]]) for i in range(8)))
+        await batcher.close()
+        return lone, backlog
+
+    lone, backlog = run(main())
+    assert lone[0][0, :2].tolist() == [11, 2]
+    for i, (rows, _) in enumerate(backlog):
+        assert rows[0, :2].tolist() == [i + 3, 2]  # each request its own answer, in order
+    assert solo.seen[0] == 5 and most[0] == 2  # the lone call solo; then two calls at once
+    assert len(narrow.seen) >= 6  # the backlog on the lanes
+
+
+def test_one_lane_keeps_one_call_in_line_and_drops_it_if_its_caller_goes() -> None:
+    """While a lane works, one more call waits in line (no gap between calls); a call in line
+    whose requests have all gone is skipped before it costs engine time."""
+    engine = FakeEngine(delay_s=0.2)
+
+    async def main():
+        batcher = Batcher(engine, Policy(max_batch_rows=1))
+        first = asyncio.create_task(batcher.submit([[11, 1]]))
+        await asyncio.sleep(0.05)  # the first call is on the lane
+        gone = asyncio.create_task(batcher.submit([[33, 3]]))
+        await asyncio.sleep(0.05)  # in line behind it
+        assert batcher.lanes.placed == 2
+        gone.cancel()
+        await first
+        kept = await batcher.submit([[44, 4]])
+        await batcher.close()
+        return kept
+
+    rows, _ = run(main())
+    assert rows[0, :2].tolist() == [48, 2]
+    assert 33 not in engine.seen
+
+
+def test_admission_counts_parallel_lanes_as_the_instance_speed() -> None:
+    """Calls on two lanes each take one lane's time while the other works too: the speed the
+    admission estimate learns is the instance's, not one lane's."""
+    from serving.batching import Lanes
+
+    engine = FakeEngine(delay_s=0.1)
+
+    async def main():
+        batcher = Batcher(engine, Policy(max_batch_rows=1), lanes=Lanes(2), solo=FakeEngine())
+        batcher.admission.tokens_per_s = 40.0  # two tokens per 0.1 s lane call, on two lanes
+        await asyncio.gather(*(batcher.submit([[1, 2]]) for _ in range(12)))
+        await batcher.close()
+        return batcher.tokens_per_s
+
+    assert 30 < run(main()) < 50  # one lane alone would say ~20

@@ -97,6 +97,20 @@ def test_the_traffic_timeout_answers_504(variant: str, tmp_path_factory) -> None
     }
 
 
+def test_the_access_log_when_on_writes_the_same_lines(tmp_path_factory) -> None:
+    mine, theirs = (run("logged", v, tmp_path_factory) for v in ("lean", "full"))
+    assert (
+        mine
+        == theirs
+        == [
+            "testclient:50000 (scheme=http,method=POST,path=/model,type=application/json,length=16) "
+            "(status=200,type=application/json,length=27)",
+            "testclient:50000 (scheme=http,method=POST,path=/refused,type=application/json,length=15) "
+            "(status=404,type=application/json,length=34)",
+        ]
+    )
+
+
 def test_pickle_is_refused_on_the_public_port_and_read_on_internal_ones(tmp_path_factory) -> None:
     assert run("public-pickle", "lean", tmp_path_factory)[0] == 415
     assert run("internal-pickle", "lean", tmp_path_factory) == [200, {"rows": 1, "variant": "int8"}]

@@ -30,6 +30,27 @@ def test_threads_default_to_cores_per_worker_and_oversubscription_is_refused(
         OnnxRunnerSettings(workers=cores, intra_op_threads=2)
 
 
+def test_onnx_lanes_default_to_the_instance_cores_and_never_oversubscribe() -> None:
+    cores = available_cores()
+    assert OnnxRunnerSettings().lane_count == cores  # one one-thread call per core
+    assert OnnxRunnerSettings(workers=cores).lane_count == 1
+    assert OnnxRunnerSettings(intra_op_threads=1).lane_count == 1  # one lane of that many threads
+    assert OnnxRunnerSettings(lanes=1).lane_count == 1
+    with pytest.raises(ValidationError, match="oversubscribe"):
+        OnnxRunnerSettings(lanes=cores + 1)
+    if cores > 1:
+        with pytest.raises(ValidationError, match="one thread"):
+            OnnxRunnerSettings(lanes=cores, intra_op_threads=1)
+
+
+def test_the_public_service_logs_no_line_per_request_unless_asked(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    assert TokenizerSettings().access_log is False
+    monkeypatch.setenv("BUNDLE_TOKENIZER_ACCESS_LOG", "true")
+    assert TokenizerSettings().access_log is True
+
+
 def test_invalid_values_are_refused_with_the_field_named() -> None:
     with pytest.raises(ValidationError, match="max_batch_tokens"):
         OnnxRunnerSettings(max_batch_tokens=0)

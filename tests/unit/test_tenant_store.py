@@ -249,3 +249,16 @@ def test_an_upload_killed_at_any_step_leaves_a_complete_version(
     # What the killed processes left behind is cleaned up, and the next upload works.
     store.clean_staging(older_than_s=0)
     assert registry.upload(store, "acme", new, 1 << 24).labels == ["p", "q"]
+
+
+def test_a_label_over_the_public_limit_is_refused_on_every_path(
+    store: TenantStore, tmp_path: Path
+) -> None:
+    """The store's manifest holds the public API's label limit, so the command line's training and
+    an upload refuse it too; nothing is written."""
+    long = "x" * 101
+    with pytest.raises(InvalidModel, match="at most 100 characters"):
+        registry.train_head(store, "acme", np.ones((4, 384), np.float32), ["a", "a", long, long])
+    with pytest.raises(ValueError, match="at most 100 characters"):
+        Manifest(format="onnx", labels=["a", long])
+    assert store.show("acme").labels == ["a", "b"]  # the current version is untouched
