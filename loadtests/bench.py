@@ -38,6 +38,7 @@ from pathlib import Path
 
 from loadtests import report
 from loadtests.points import (
+    BENTOML_PATH,
     CLASSIFY,
     ENCODINGS,
     FASTAPI,
@@ -54,6 +55,7 @@ from loadtests.points import (
     SYSTEMS,
     TENANT_SYSTEMS,
     TENANTS,
+    TRACED,
     USERS,
     WORKLOADS,
     Point,
@@ -102,6 +104,7 @@ def servers(head_store: Path, model_store: Path) -> dict[str, Server]:
             ".", logs / "models.log", env={"BUNDLE_TENANTS_STORE": str(model_store)}
         ),
         NOBATCH: bentoml_serve(".", logs / "nobatch.log", env={"BUNDLE_ONNX_MAX_BATCH_ROWS": "1"}),
+        BENTOML_PATH: bentoml_serve(".", logs / "bentoml-path.log", env=TRACED),
         FASTAPI: uvicorn("loadtests.baselines.fastapi_server:app", logs / "fastapi.log"),
         NAIVE: bentoml_serve("loadtests.baselines.naive_bentoml:NaiveFront", logs / "naive.log"),
         HANDWRITTEN: uvicorn("loadtests.baselines.batching_server:app", logs / "handwritten.log"),
@@ -195,6 +198,7 @@ def main(argv: list[str] | None = None) -> int:
     points: list[Point] = []
     wire: list[Point] = []
     classified: list[Point] = []
+    lean: list[Point] = []
     running = servers(head_store, args.model_store)
     with contextlib.ExitStack() as stack:
         for server in running.values():
@@ -231,6 +235,19 @@ def main(argv: list[str] | None = None) -> int:
                     f"{p.sentences_per_s:7.1f} sentences/s, {p.failures} failed",
                     flush=True,
                 )
+        # The lean path against BentoML's own path, chat at one client and at the middle load.
+        for repeat in range(args.repeats):
+            for users in (min(USERS), MIDDLE):
+                for system in (STACK, BENTOML_PATH):
+                    for other in running.values():
+                        drain(other.url)
+                    p = point(running[system], system, "chat", users, args.seconds, repeat)
+                    lean.append(p)
+                    print(
+                        f"  [{repeat + 1}/{args.repeats}] {system:<24} chat {users:>3} users: "
+                        f"{p.sentences_per_s:7.1f} sentences/s, p50 {p.p50_ms:.1f} ms, {p.failures} failed",
+                        flush=True,
+                    )
         # /classify: head tenants against a whole model per tenant (interleaved repeats too).
         for repeat in range(args.repeats):
             for system in TENANT_SYSTEMS:
@@ -254,10 +271,12 @@ def main(argv: list[str] | None = None) -> int:
         raw,
         wire=(wire, wire_bytes),
         tenants=classified,
+        paths=lean,
         meta={
             "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
             "commit": commit(),
             "machine": f"{platform.machine()}, {os.cpu_count()} cores, {platform.processor() or platform.platform()}",
+            "cores": os.cpu_count() or 1,
             "python": sys.version.split()[0],
             "quick": QUICK,
             "seconds_per_point": args.seconds,

@@ -37,6 +37,14 @@ STACK, INT8, NOBATCH, FASTAPI, NAIVE, HANDWRITTEN = (
 )
 SYSTEMS = (STACK, INT8, NOBATCH, FASTAPI, NAIVE, HANDWRITTEN)
 HEADS, MODELS = "stack, head tenants", "stack, per-tenant models"
+# The same graph with its hot routes traced and the access log on: BentoML's own path for every
+# request, what the lean path (serving/hot_path.py) is measured against.
+BENTOML_PATH = "stack, BentoML's path"
+TRACED = {
+    "BUNDLE_TOKENIZER_TRACE_REQUESTS": "true",
+    "BUNDLE_ONNX_TRACE_REQUESTS": "true",
+    "BUNDLE_TOKENIZER_ACCESS_LOG": "true",
+}
 TENANT_SYSTEMS = (HEADS, MODELS)
 # How /embed sends vectors back: measured on the stack, bulk, at MIDDLE users.
 ENCODINGS = ("float", "base64")

@@ -14,10 +14,12 @@ from pathlib import Path
 
 from loadtests.plots import plot
 from loadtests.points import (
+    BENTOML_PATH,
     FASTAPI,
     HANDWRITTEN,
     HEADS,
     INT8,
+    MIDDLE,
     MODELS,
     NAIVE,
     NOBATCH,
@@ -144,20 +146,44 @@ def tenant_forms(points: list[Point]) -> dict:
     }
 
 
+def lean_path(points: list[Point]) -> dict:
+    """The stack against the same graph on BentoML's own path (hot routes traced, access log on):
+    medians by users, and the lean path's share of each figure."""
+    rows = aggregate(points)
+    by = {(r["system"], r["users"]): r for r in rows}
+    shares = {}
+    for users in sorted({r["users"] for r in rows}):
+        lean, full = by.get((STACK, users)), by.get((BENTOML_PATH, users))
+        if lean and full:
+            tokenizer = [
+                r["cpu_ms_per_request"].get("tokenizer", {}).get("total_ms") for r in (lean, full)
+            ]
+            shares[str(users)] = {
+                "sentences_per_s": round(lean["sentences_per_s"] / full["sentences_per_s"], 4),
+                "p50_ms": round(lean["p50_ms"] / full["p50_ms"], 4),
+                "tokenizer_cpu_ms": tokenizer,
+            }
+    return {"rows": rows, "lean_over_bentoml": shares}
+
+
 def results(
     points: list[Point],
     raw: dict,
     meta: dict,
     wire: tuple[list[Point], dict[str, float]] | None = None,
     tenants: list[Point] | None = None,
+    paths: list[Point] | None = None,
 ) -> dict:
     """``wire``: the stack's bulk points by vector encoding, and the mean response size of each;
-    ``tenants``: the /classify points of both tenant forms."""
+    ``tenants``: the /classify points of both tenant forms; ``paths``: chat points of the stack
+    and of the same graph on BentoML's own path."""
     rows = aggregate(points)
     ratio_rows = ratios(rows, raw)
     extra = {"encoding": encoding(*wire)} if wire else {}
     if tenants:
         extra["tenants"] = tenant_forms(tenants)
+    if paths:
+        extra["paths"] = lean_path(paths)
     return {
         "meta": meta,
         "raw": raw,
@@ -193,6 +219,51 @@ def _cpu_cell(row: dict) -> str:
         if v["total_ms"] >= 0.005
     ]
     return "; ".join(parts)
+
+
+def _engine_and_serving(cpu: dict[str, dict[str, float]]) -> tuple[float, float]:
+    """CPU ms per request on the engine (the other threads of the process that runs it: a
+    runner's lanes and intra-op threads, a one-process server's worker threads) and on everything
+    else (every process's main thread: HTTP, JSON, tokenizing, batching, the hops)."""
+    engine = sum(
+        v["other_threads_ms"] for name, v in cpu.items() if name not in ("tokenizer", "NaiveFront")
+    )
+    total = sum(v["total_ms"] for v in cpu.values())
+    return engine, total - engine
+
+
+def where_time_goes(results: dict) -> list[str]:
+    """Per sentence at the middle load, the CPU each system spends on the engine and around it,
+    against the raw engine's (all of the machine's cores for the raw rate): what bounds each
+    ratio the targets name."""
+    cores = results["meta"]["cores"]
+    users = MIDDLE if MIDDLE in results["meta"]["users"] else max(results["meta"]["users"])
+    lines = [
+        "",
+        f"Where the CPU goes, per sentence at {users} users (ms; engine: the engine's threads; "
+        f"around it: every process's main thread — HTTP, JSON, tokenizing, batching, the hops; "
+        f"{cores} cores, so {cores * 1000} ms of CPU a second):",
+        "",
+        "| workload | system | sentences/s | engine ms | around it ms | total ms | cores busy |",
+        "|---|---|---:|---:|---:|---:|---:|",
+    ]
+    for workload, per in WORKLOADS.items():
+        for backend in ("fp32", "int8"):
+            rate = results["raw"][backend]["sentences_per_s"]
+            lines.append(
+                f"| {workload} | raw {backend} | {rate:.0f} | {cores * 1000 / rate:.2f} | 0 | "
+                f"{cores * 1000 / rate:.2f} | {cores:.2f} |"
+            )
+        for r in results["rows"]:
+            if r["workload"] != workload or r["users"] != users:
+                continue
+            engine, around = (ms / per for ms in _engine_and_serving(r["cpu_ms_per_request"]))
+            busy = (engine + around) * r["sentences_per_s"] / 1000
+            lines.append(
+                f"| {workload} | {r['system']} | {r['sentences_per_s']:.0f} | {engine:.2f} | "
+                f"{around:.2f} | {engine + around:.2f} | {busy:.2f} |"
+            )
+    return lines
 
 
 def markdown(results: dict) -> str:
@@ -250,6 +321,21 @@ def markdown(results: dict) -> str:
             f"| {name} | {r['users']} | {r['sentences_per_s']:.0f} [{r['spread'][0]:.0f}, {r['spread'][1]:.0f}] | {r['p50_ms']:.1f} | {r['p99_ms']:.0f} | {r['failures']} | {r['shed']} | {_cpu_cell(r)} |"
             for name, r in tenant["rows"].items()
         ]
+    if (paths := results.get("paths")) and paths["lean_over_bentoml"]:
+        lines += [
+            "",
+            "The lean path against BentoML's own path (the same graph with its hot routes traced and "
+            "the access log on, `BUNDLE_TOKENIZER_TRACE_REQUESTS`, `BUNDLE_ONNX_TRACE_REQUESTS`, "
+            "`BUNDLE_TOKENIZER_ACCESS_LOG`), chat:",
+            "",
+            "| users | system | sentences/s [spread] | p50 ms | p99 ms | CPU ms per request: main + other threads |",
+            "|---:|---|---:|---:|---:|---|",
+        ]
+        lines += [
+            f"| {r['users']} | {r['system']} | {r['sentences_per_s']:.0f} [{r['spread'][0]:.0f}, {r['spread'][1]:.0f}] | {r['p50_ms']:.1f} | {r['p99_ms']:.0f} | {_cpu_cell(r)} |"
+            for r in sorted(paths["rows"], key=lambda r: (r["users"], r["system"] != STACK))
+        ]
+    lines += where_time_goes(results)
     lines += ["", "| target | met | measured |", "|---|---|---|"]
     lines += [
         f"| {t['target']} | {'yes' if t['met'] else '**no**'} | {t['measured']} |"

@@ -206,3 +206,25 @@ def test_classify_is_measured_for_head_tenants_and_whole_models(results) -> None
     )
     assert math.isclose(share["p99_ms"], heads["p99_ms"] / models["p99_ms"], rel_tol=1e-3)
     assert "/classify" in (out / "results.md").read_text()
+
+
+def test_the_lean_path_is_measured_against_bentomls_own_path(results) -> None:
+    data, out = results
+    from loadtests.points import BENTOML_PATH, STACK
+
+    paths = data["paths"]
+    seen = {(r["system"], r["users"]) for r in paths["rows"]}
+    users = data["meta"]["users"]
+    assert seen == {(s, u) for s in (STACK, BENTOML_PATH) for u in (min(users), max(users))}
+    for row in paths["rows"]:
+        assert row["sentences_per_s"] > 0 and row["failures"] == 0
+        assert row["cpu_ms_per_request"]["tokenizer"]["total_ms"] > 0
+    by = {(r["system"], r["users"]): r for r in paths["rows"]}
+    for users, share in paths["lean_over_bentoml"].items():
+        lean, full = by[(STACK, int(users))], by[(BENTOML_PATH, int(users))]
+        assert math.isclose(
+            share["sentences_per_s"],
+            lean["sentences_per_s"] / full["sentences_per_s"],
+            rel_tol=1e-3,
+        )
+    assert "BentoML's own path" in (out / "results.md").read_text()

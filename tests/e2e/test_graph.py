@@ -325,7 +325,7 @@ def test_every_swagger_example_is_a_request_that_works(client: httpx.Client) -> 
     assert examples["/embed"]["texts"] != ["string"]
 
 
-def test_embed_in_base64_is_the_same_vectors_in_a_third_of_the_bytes(client: httpx.Client) -> None:
+def test_embed_in_base64_is_the_same_vectors_in_under_half_the_bytes(client: httpx.Client) -> None:
     texts = ["A man is eating food.", "hello"]
     floats = client.post("/embed", json={"texts": texts})
     packed = client.post("/embed", json={"texts": texts, "encoding": "base64"})
@@ -333,6 +333,7 @@ def test_embed_in_base64_is_the_same_vectors_in_a_third_of_the_bytes(client: htt
     decoded = [np.frombuffer(base64.b64decode(v), "<f4") for v in packed.json()["embeddings"]]
     np.testing.assert_array_equal(decoded, np.array(floats.json()["embeddings"], dtype=np.float32))
     assert packed.json()["tokens"] == floats.json()["tokens"]
-    assert len(packed.content) < len(floats.content) / 2.5
+    # JSON floats are each float32's shortest decimal (~12 characters); base64, 5.3 a number
+    assert len(packed.content) < len(floats.content) / 2
     bad = client.post("/embed", json={"texts": texts, "encoding": "int8"})
     assert bad.status_code == 400 and "encoding" in bad.text

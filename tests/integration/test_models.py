@@ -217,3 +217,23 @@ def test_make_models_again_reuses_every_stored_model() -> None:
     )
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.count(" reused") == 6, proc.stdout
+
+
+def test_the_tokenizer_service_keeps_the_fast_tokenizer_on_its_own_core(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """`bentoml serve` does not apply a bentofile's environment: the service itself turns the fast
+    tokenizer's thread pool off (a batch would take the engines' second core), unless the
+    environment says otherwise."""
+    from services.tokenizer.text import Tokenizers
+
+    paths = (
+        store.path_of(contracts.TOKENIZER) / "tokenizer.json",
+        store.path_of(contracts.SENTENCEPIECE) / "spiece.model",
+    )
+    monkeypatch.delenv("TOKENIZERS_PARALLELISM", raising=False)
+    Tokenizers(*paths)
+    assert os.environ["TOKENIZERS_PARALLELISM"] == "false"
+    monkeypatch.setenv("TOKENIZERS_PARALLELISM", "true")
+    Tokenizers(*paths)
+    assert os.environ["TOKENIZERS_PARALLELISM"] == "true"
