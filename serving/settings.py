@@ -44,10 +44,11 @@ class ServiceSettings(QueueSettings):
 
     trace_requests: bool = Field(
         False,
-        description="OpenTelemetry spans for every request on the hot routes (the APIs). BentoML "
-        "records a span per request and per ASGI message even when nothing samples them: ~0.17 ms of "
-        "CPU per request here, a large share of a one-sentence request. Off: those routes are excluded "
-        "from tracing (no span, no X-BentoML-Request-ID header); probes, docs and metrics stay traced.",
+        description="OpenTelemetry spans for every request on the hot routes (the APIs). Off: those "
+        "routes are excluded from tracing and answered on the lean path (serving/hot_path.py): no "
+        "span, no X-BentoML-Request-ID header; probes, docs and metrics stay traced. On: they go "
+        "through BentoML's own path, which records a span per request and per ASGI message even "
+        "when nothing samples them; make bench measures what that costs (loadtests/README.md).",
     )
 
     def tracing(self, hot_routes: Iterable[str]) -> dict[str, Any]:

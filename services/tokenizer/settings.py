@@ -70,10 +70,11 @@ class TokenizerSettings(ServiceSettings):
     )
     access_log: bool = Field(
         False,
-        description="Log every public request (method, path, status, sizes, latency; never headers). "
-        "Off by default: a log line costs ~0.065 ms of CPU per request here, a third of a one-sentence "
-        "request's on the lean path (measured: /tokenize 0.25 vs 0.19 ms); request counts and latency "
-        "per endpoint and status are in the Prometheus metrics either way, and errors are logged.",
+        description="Log every public request (method, path, status, sizes, latency; never headers): "
+        "BentoML's access log, the same line on the lean path. Off by default: a line per request "
+        "is a real share of a one-sentence request's CPU (make bench measures the lean path against "
+        "BentoML's own path, traced and logged: loadtests/README.md); request counts and latency per "
+        "endpoint and status are in the Prometheus metrics either way, and errors are logged.",
     )
     tenant_keys_file: Path | None = Field(
         None,
