@@ -5,27 +5,34 @@ middleware, its metrics middleware, OpenTelemetry's (which rebuilds the URL to t
 list even for excluded routes), the access log, a timeout middleware that starts a task per request,
 the service's own middlewares, a context middleware, Starlette's exception middleware and router,
 and an endpoint wrapper that calls ``inspect.signature`` per request. For a one-sentence request
-that machinery was most of the tokenizer's ~0.75 ms of CPU (py-spy, 64 users: loadtests/README.md).
+that machinery was most of the tokenizer's CPU (loadtests/README.md measures both paths).
 
 ``HotPath`` sits in front of the app BentoML builds and answers the *hot routes* itself: the POST
 routes a service keeps out of tracing (``ServiceSettings.trace_requests`` off, the default) — its
-APIs, and the POST routes of apps mounted in it (OpenAI's ``/v1/embeddings``). For an API it parses
-the body with BentoML's own input spec and serde (JSON; pickle on internal services only, as
-BentoML allows), calls the function, and answers with its output spec, mapping errors as BentoML's
-endpoint wrapper does; a mounted app is called as BentoML's router would. Around both it keeps what
-BentoML's layers do for such a request: the request metrics (BentoML's own metric objects, same
-series), the access log when it is on (BentoML's own middleware), the traffic timeout (504, BentoML's
-body; one timer instead of a task per request), the ``Server`` header, and, on a service that
-installs ``ConformingErrors``, the one error format of its 4xx bodies (``error_bodies``).
+APIs, and the fixed POST routes of Starlette apps mounted in it (OpenAI's ``/v1/embeddings``).
+What it keeps is what BentoML's layers do for such a request, mostly with BentoML's own objects:
+- the request metrics (the metric objects BentoML's middleware made: the same series) and the
+  access log when it is on (a copy of BentoML's middleware), from the request's arrival;
+- the traffic timeout, from arrival to the first byte sent (504, BentoML's body), as one timer
+  instead of a task per request;
+- for an API: BentoML's request context (``ServiceContext.in_request``, as its context middleware
+  does), the body parsed by the API's input spec and serde (JSON; pickle on internal services
+  only, as BentoML allows), the function called and its output written as ``api_endpoint`` does
+  (ctx status, headers, cookies), BentoML's endpoint wrapper's error mapping, ``Server`` header
+  and background tasks;
+- the service's own middlewares, each of which declares ``lean_path_safe`` with why the lean path
+  leaves its answers unchanged; ``ConformingErrors`` itself runs around the lean answers.
 
-Everything else goes to BentoML's app untouched: other routes and methods, a body that does not
-validate (BentoML writes the 400), any other content type (415 on the public port), and a service
-with traced hot routes, ``max_concurrency`` or CORS, whose middlewares the lean path would skip.
+What the lean path would answer differently goes to BentoML, below the layers the lean path has
+already recorded the request with: a media type other than JSON (pickle on internal services), a
+body that does not validate (BentoML writes the 400). A service with traced hot routes,
+``max_concurrency``, CORS, or a middleware that does not declare itself safe keeps BentoML's path
+for every request.
 
 Installed by an upstream-style override: ``bentoml.service(service_class=HotPathService)`` (a
 parameter of BentoML's own decorator) whose ``to_asgi`` — what every ``bentoml serve`` and
 ``start-http-server`` worker calls — returns ``HotPath(app)``. ``tests/unit/test_hot_path.py`` pins
-that both paths answer alike (bodies, statuses, headers, metrics, timeout, errors).
+that both paths answer alike.
 """
 
 from __future__ import annotations
@@ -33,7 +40,7 @@ from __future__ import annotations
 import asyncio
 import copy
 import inspect
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable
 from timeit import default_timer
 from typing import Any
 
@@ -47,11 +54,10 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from serving.error_bodies import ConformingErrors, conform
+from serving.error_bodies import ConformingErrors
 
 Scope = dict[str, Any]
 ASGIApp = Callable[[Scope, Any, Any], Awaitable[None]]
-_PARSED = "bundle.parsed"  # the scope key that hands a parsed request past the recording layers
 _UNEXPECTED = {"error": "An unexpected error has occurred, please check the server log."}
 
 
@@ -62,27 +68,14 @@ class HotPathService(Service):
         return HotPath(super().to_asgi(is_main), self, is_main=is_main)
 
 
-class HotContext:
-    """What an API's ``ctx`` offers on the lean path: BentoML's ``Context`` without its context
-    variables: the request, and the response's status, headers (a dict) and cookies."""
-
-    __slots__ = ("request", "response")
-
-    def __init__(self, scope: Scope) -> None:
-        from bentoml._internal.context import ServiceContext
-
-        self.request = Request(scope)
-        self.response = ServiceContext.ResponseContext(metadata={})  # type: ignore[arg-type]
-
-
 class HotPath:
     def __init__(self, app: Starlette, service: Service, *, is_main: bool) -> None:
         self.app = app
         self.service = service
         self.is_main = is_main
         self.timeout: float | None = None
+        self._inner: ASGIApp = app  # BentoML's stack below the layers that record a request
         self._routes: dict[str, ASGIApp] | None = None
-        self._conforming: ConformingErrors | None = None  # the service's, if it installs it
 
     async def __call__(self, scope: Scope, receive: Any, send: Any) -> None:
         if scope["type"] == "http" and scope["method"] == "POST":
@@ -111,82 +104,116 @@ class HotPath:
         from bentoml._internal.utils.uri import join_paths
         from opentelemetry.instrumentation.asgi import OpenTelemetryMiddleware
         from starlette.middleware.cors import CORSMiddleware
+        from starlette.middleware.errors import ServerErrorMiddleware
 
         layers: dict[type, Any] = {}
         layer = self.app.middleware_stack
+        recording = (
+            ServerErrorMiddleware,
+            RunnerTrafficMetricsMiddleware,
+            OpenTelemetryMiddleware,
+            AccessLogMiddleware,
+        )
         while layer is not None:
             layers[type(layer)] = layer
+            if self._inner is self.app and not isinstance(layer, recording):
+                self._inner = layer  # the first layer below those the lean path records with
             layer = getattr(layer, "app", None)
-        if MaxConcurrencyMiddleware in layers or CORSMiddleware in layers:
+        unsafe = [
+            cls for cls, _ in self.service.middlewares if not getattr(cls, "lean_path_safe", False)
+        ]
+        if MaxConcurrencyMiddleware in layers or CORSMiddleware in layers or unsafe:
             return {}  # the lean path would skip them
         if TimeoutMiddleware in layers:
             self.timeout = layers[TimeoutMiddleware].timeout
         tracing = layers.get(OpenTelemetryMiddleware)
         metrics = layers.get(RunnerTrafficMetricsMiddleware)
         access = layers.get(AccessLogMiddleware)
-        self._conforming = layers.get(ConformingErrors)
+        conforming = layers.get(ConformingErrors)
 
         def untraced(path: str) -> bool:
             return tracing is not None and tracing.excluded_urls.url_disabled(
                 f"http://localhost{path}"
             )
 
-        def around(handler: ASGIApp, path: str) -> ASGIApp:
-            """What BentoML's layers record of a request: its access log line, its metrics."""
+        def conformed(app: ASGIApp) -> ASGIApp:
+            """The service's ConformingErrors (a copy), around an answer the lean path writes."""
+            if conforming is None:
+                return app
+            clone = copy.copy(conforming)
+            clone.app = app
+            return clone
+
+        def recorded(app: ASGIApp, path: str) -> ASGIApp:
+            """What BentoML's outer layers record of a request: its access log line, its metrics."""
             if access is not None:
                 logged = copy.copy(access)
-                logged.app = handler
-                handler = logged
-            return _Metrics(metrics, path, handler) if metrics is not None else handler
+                logged.app = app
+                app = logged
+            return _Metrics(metrics, path, app) if metrics is not None else app
 
         routes: dict[str, ASGIApp] = {}
         for name, method in self.service.apis.items():
             path = join_paths(self.service.path_prefix, method.route)
             if untraced(path) and hot_api(self.service, name):
-                routes[path] = self._api(_Api(self.service, name), lambda h, p=path: around(h, p))
+                routes[path] = recorded(self._api(_Api(self.service, name), conformed), path)
         for app, mount, _ in self.service.mount_apps:
             for path in _posted_routes(app, mount):
                 if untraced(path) and path not in routes:
-                    routes[path] = around(self._mounted(app, mount), path)
+                    routes[path] = recorded(conformed(self._mounted(app, mount)), path)
         return routes
 
     # -- an API -------------------------------------------------------------------------------
 
-    def _api(self, api: _Api, around: Callable[[ASGIApp], ASGIApp]) -> ASGIApp:
-        async def answer(scope: Scope, receive: Any, send: Any) -> None:
-            serde, data = scope.pop(_PARSED)
-            ctx = HotContext(scope)
-            timer = asyncio.timeout(self.timeout)
-            try:
-                async with timer:
-                    output = await api.call(data, ctx)
-                response = await api.response(output, serde, ctx)
-            except TimeoutError:
-                if timer.expired():  # BentoML's timeout middleware answers, without a Server header
-                    await self._send(self._timed_out(), scope, receive, send, server=False)
-                    return
-                response = _failed(scope)
-            except Exception as exc:
-                response = _refused(scope, exc)
-            await self._send(response, scope, receive, send)
+    def _api(self, api: _Api, conformed: Callable[[ASGIApp], ASGIApp]) -> ASGIApp:
+        context = self.service.context
 
-        recorded = around(answer)
+        async def answer(scope: Scope, receive: Any, send: Any) -> None:
+            serde, data, body, deadline = scope.pop("bundle.parsed")
+            # BentoML's context middleware: the API's ctx, for this request.
+            with context.in_request(Request(scope, replay(body), send)):
+                timer = asyncio.timeout_at(deadline)
+                try:
+                    async with timer:
+                        output = await api.call(data, context)
+                        response = await api.response(output, serde, context)
+                except TimeoutError:
+                    if timer.expired():
+                        await _send(self._timed_out(), scope, receive, send)
+                        return
+                    response = _failed(scope)
+                except Exception as exc:
+                    response = _refused(scope, exc)
+                # BentoML's endpoint wrapper: the Server header, ctx's background tasks.
+                response.headers.update({"Server": f"BentoML Service/{self.service.name}"})
+                if response.background is not None:
+                    context.response.background.tasks.append(response.background)
+                response.background = context.response.background
+                await _send(response, scope, receive, send)
+
+        written = conformed(answer)
 
         async def handle(scope: Scope, receive: Any, send: Any) -> None:
-            # What BentoML would not parse the same way goes to BentoML, before anything is
-            # recorded here: its own layers record it.
             serde = self._serde(scope)
-            if serde is None:
-                await self.app(scope, receive, send)
+            if serde is None:  # not a media type BentoML reads as the lean path does
+                await self._inner(scope, receive, send)
                 return
-            body = await _read(receive)
+            deadline = self._deadline()
+            try:
+                async with asyncio.timeout_at(deadline):
+                    body = await _read(receive)
+            except TimeoutError:  # a client that never sends its whole body
+                await _send(self._timed_out(), scope, receive, send)
+                return
+            if body is None:
+                return  # the client has gone before sending its body: no one to answer
             try:
                 data = api.parse(serde, body, scope)
-            except Exception:  # invalid JSON or fields, a bad pickle: BentoML answers
-                await self.app(scope, replay(body), send)
+            except Exception:  # invalid JSON or fields, a bad pickle: BentoML writes the answer
+                await self._inner(scope, replay(body), send)
                 return
-            scope[_PARSED] = (serde, data)
-            await recorded(scope, receive, send)
+            scope["bundle.parsed"] = (serde, data, body, deadline)
+            await written(scope, receive, send)
 
         return handle
 
@@ -205,66 +232,43 @@ class HotPath:
     # -- a mounted app --------------------------------------------------------------------------
 
     def _mounted(self, app: ASGIApp, mount: str) -> ASGIApp:
+        root_of_mount = mount.rstrip("/")  # as Starlette's Mount strips it
+
         async def handle(scope: Scope, receive: Any, send: Any) -> None:
             root = scope.get("root_path", "")
-            child = {**scope, "path_params": {}, "app_root_path": root, "root_path": root + mount}
-            started: list[bool] = []
+            child = {
+                **scope,
+                "path_params": {},
+                "app_root_path": scope.get("app_root_path", root),
+                "root_path": root + root_of_mount,
+            }
+            timer = asyncio.timeout_at(self._deadline())
 
             async def sent(message: dict[str, Any]) -> None:
-                started.append(True)
+                timer.reschedule(None)  # BentoML's timeout ends with the first message sent
                 await send(message)
 
-            timer = asyncio.timeout(self.timeout)
             try:
                 async with timer:
                     await app(child, receive, sent)
             except TimeoutError:
-                if started or not timer.expired():
+                if not timer.expired():
                     raise
-                await self._send(self._timed_out(), scope, receive, send, server=False)
+                await _send(self._timed_out(), scope, receive, send)
 
         return handle
 
-    # -- replies --------------------------------------------------------------------------------
+    # -- the traffic timeout --------------------------------------------------------------------
+
+    def _deadline(self) -> float | None:
+        if self.timeout is None:
+            return None
+        return asyncio.get_running_loop().time() + self.timeout
 
     def _timed_out(self) -> Response:
+        """BentoML's timeout middleware's answer (no Server header: it answers outside the API)."""
         message = f"Not able to process the request in {self.timeout} seconds"
         return JSONResponse({"error": message}, status_code=504)
-
-    async def _send(
-        self, response: Response, scope: Scope, receive: Any, send: Any, *, server: bool = True
-    ) -> None:
-        """One start message and one body, with the Server header BentoML's endpoint wrapper adds
-        to an API's answers; a 4xx JSON body in the one error format, as ``ConformingErrors``
-        writes it on BentoML's path."""
-        if server:
-            name = f"BentoML Service/{self.service.name}"
-            response.raw_headers.append((b"server", name.encode("latin-1")))
-        if isinstance(response, IterableResponse):
-            body = b"".join(response.body_iterator)
-        elif hasattr(response, "body"):
-            body = response.body
-        else:  # a stream: Starlette sends it
-            await response(scope, receive, send)
-            return
-        status = response.status_code
-        if (
-            400 <= status < 500
-            and self._conforms(scope)
-            and response.media_type == "application/json"
-        ):
-            body = conform(body)
-            _merge(response.raw_headers, {"content-length": str(len(body))})
-        await send(
-            {"type": "http.response.start", "status": status, "headers": response.raw_headers}
-        )
-        await send({"type": "http.response.body", "body": body})
-        if response.background is not None:
-            await response.background()
-
-    def _conforms(self, scope: Scope) -> bool:
-        skip = self._conforming.skip_prefix if self._conforming is not None else None
-        return self._conforming is not None and not (skip and scope["path"].startswith(skip))
 
 
 class _Api:
@@ -278,18 +282,15 @@ class _Api:
         self.output = method.output_spec
         self.ctx_param = method.ctx_param
         self.root = getattr(self.spec, "__root_input__", False)
-        self._instance: Any = None
 
     def parse(self, serde: Serde, body: bytes, scope: Scope) -> Any:
         if isinstance(serde, JSONSerde):
             return self.spec.model_validate_json(body or b"{}")
         return serde.deserialize_model(Payload((body,), metadata=Headers(scope=scope)), self.spec)
 
-    async def call(self, data: Any, ctx: HotContext) -> Any:
-        if self._instance is None:
-            from bentoml import get_current_service
+    async def call(self, data: Any, ctx: Any) -> Any:
+        from bentoml import get_current_service
 
-            self._instance = get_current_service()
         args: tuple[Any, ...] = ()
         kwargs: dict[str, Any] = {}
         if self.root:
@@ -298,9 +299,10 @@ class _Api:
             kwargs = {k: getattr(data, k) for k in data.model_fields}
         if self.ctx_param is not None:
             kwargs[self.ctx_param] = ctx
-        return await self.func(self._instance, *args, **kwargs)
+        # The running instance, read per request as BentoML does (a restarted app has a new one).
+        return await self.func(get_current_service(), *args, **kwargs)
 
-    async def response(self, output: Any, serde: Serde, ctx: HotContext) -> Response:
+    async def response(self, output: Any, serde: Serde, ctx: Any) -> Response:
         """The reply, with ctx's status, headers and cookies when the API takes ctx."""
         from bentoml._internal.utils.http import set_cookies
 
@@ -310,7 +312,7 @@ class _Api:
             response = await self.output.to_http_response(output, serde)
         if self.ctx_param is not None:
             response.status_code = ctx.response.status_code
-            _merge(response.raw_headers, ctx.response.metadata)
+            response.headers.update(ctx.response.metadata)
             set_cookies(response, ctx.response.cookies)
         return response
 
@@ -395,13 +397,20 @@ def _posted_routes(app: Any, mount: str) -> list[str]:
     ]
 
 
-def _merge(raw: list[tuple[bytes, bytes]], headers: Mapping[str, str]) -> None:
-    """Set ``headers`` on a response's raw header list, replacing any of the same name."""
-    if not headers:
+async def _send(response: Response, scope: Scope, receive: Any, send: Any) -> None:
+    """A response as one start message and one body, then its background tasks."""
+    if isinstance(response, IterableResponse):
+        body = b"".join(response.body_iterator)
+    elif hasattr(response, "body"):
+        body = response.body
+    else:  # a stream: Starlette sends it
+        await response(scope, receive, send)
         return
-    names = {name.lower().encode("latin-1") for name in headers}
-    raw[:] = [(k, v) for k, v in raw if k not in names]
-    raw.extend((k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in headers.items())
+    start = {"type": "http.response.start", "status": response.status_code}
+    await send({**start, "headers": response.raw_headers})
+    await send({"type": "http.response.body", "body": body})
+    if response.background is not None:
+        await response.background()
 
 
 def _failed(scope: Scope) -> Response:
@@ -436,16 +445,16 @@ def _refused(scope: Scope, exc: Exception) -> Response:
     return JSONResponse(data, status_code=status)
 
 
-async def _read(receive: Any) -> bytes:
+async def _read(receive: Any) -> bytes | None:
+    """The whole body, or None if the client went away before sending it."""
     chunks = []
     while True:
         message = await receive()
         if message["type"] != "http.request":
-            break  # the client has gone: what came is all there is
+            return None
         chunks.append(message.get("body", b""))
         if not message.get("more_body"):
-            break
-    return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+            return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
 
 def replay(body: bytes) -> Any:

@@ -17,6 +17,9 @@ Refine = Callable[[dict[str, Any]], dict[str, Any]]
 
 
 class OpenApiDocs:
+    # It changes GET /docs.json only; the lean path (serving/hot_path.py) answers POSTs.
+    lean_path_safe = True
+
     def __init__(self, app: Any, refine: Refine) -> None:
         self.app = app
         self.refine = refine

@@ -32,6 +32,10 @@ def _is_multipart(content_type: bytes) -> bool:
 
 
 class JsonOnly:
+    # The lean path (serving/hot_path.py) takes JSON bodies only (pickle on internal services) and
+    # hands every other body to BentoML's app, where this middleware answers it.
+    lean_path_safe = True
+
     def __init__(
         self,
         app: Any,

@@ -64,24 +64,28 @@ class Policy:
 
 class Lanes:
     """The engine threads of a runner instance, shared by its batchers: ``count`` calls run at
-    once, and one more waits in line so that a lane never idles between two calls."""
+    once, and one more waits in line so that a lane never idles between two calls. A solo call
+    holds every slot: nothing runs beside it on the cores it uses."""
 
     def __init__(self, count: int = 1, name: str = "engine") -> None:
         if count < 1:
             raise ValueError(f"lanes must be positive, got {count}")
         self.count = count
+        self.slots = count + 1
         self.executor = ThreadPoolExecutor(max_workers=count, thread_name_prefix=name)
-        self.placed = 0  # calls handed over and not finished: running, or in line
-        self._slots = asyncio.Semaphore(count + 1)
+        self.held = 0  # slots held by calls handed over and not finished (running or in line)
+        self._slots = asyncio.Semaphore(self.slots)
 
-    async def place(self) -> None:
-        """Wait until a call can be handed over, and count it as placed."""
-        await self._slots.acquire()
-        self.placed += 1
+    async def place(self, slots: int = 1) -> None:
+        """Wait until ``slots`` more are free, and hold them."""
+        for _ in range(slots):
+            await self._slots.acquire()
+            self.held += 1
 
-    def done(self) -> None:
-        self.placed -= 1
-        self._slots.release()
+    def done(self, slots: int = 1) -> None:
+        self.held -= slots
+        for _ in range(slots):
+            self._slots.release()
 
 
 @dataclass(frozen=True)
@@ -187,55 +191,82 @@ class Batcher:
                 return
 
     async def _place_round(self, requests: list[Pending]) -> None:
-        """Plan a round into calls and place them (the first on the lane already held)."""
+        """Plan a round into calls and place them (the first on the slot already held)."""
         started = clock()
         members = [m for r in requests for m in r.rows_of()]
         lengths = [len(r.sequences[row]) for r, row in members]
         p = self.policy
         groups = plan(lengths, p.max_batch_tokens, p.max_batch_rows, p.call_overhead_tokens)
-        for i, group in enumerate(groups):
-            if i:
-                await self.lanes.place()
-            alone = len(groups) == 1 and self.lanes.placed == 1 and not self.queue
-            call = _Call(
-                [members[k] for k in group.indices], group, sum(lengths[k] for k in group.indices)
-            )
-            task = asyncio.get_running_loop().create_task(
-                self._run_call(call, self.solo if alone else self.engine, started)
-            )
-            self._calls.add(task)
-            task.add_done_callback(self._calls.discard)
+        calls = [
+            _Call([members[k] for k in g.indices], g, sum(lengths[k] for k in g.indices))
+            for g in groups
+        ]
+        placed = 0
+        try:
+            for call in calls:
+                held = 1
+                if placed:
+                    await self.lanes.place()
+                elif self._alone(len(calls)):  # the solo engine: every core, nothing beside
+                    await self.lanes.place(self.lanes.slots - 1)
+                    held = self.lanes.slots
+                engine = self.solo if held > 1 else self.engine
+                task = asyncio.get_running_loop().create_task(
+                    self._run_call(call, engine, started, held)
+                )
+                placed += 1
+                self._calls.add(task)
+                task.add_done_callback(self._calls.discard)
+        except asyncio.CancelledError:  # closing: what was not placed is answered, not lost
+            if not placed:
+                self.lanes.done()
+            for call in calls[placed:]:
+                self.admission.finished(call.real)
+                fail([r for r, _ in call.members], DeadlineExceeded(1, "runner is shutting down"))
+            raise
 
-    async def _run_call(self, call: _Call, engine: Engine, started: float) -> None:
+    def _alone(self, calls: int) -> bool:
+        """A round of one call, nothing else placed or waiting, and a solo engine to run it on."""
+        return (
+            calls == 1 and self.lanes.held == 1 and not self.queue and self.solo is not self.engine
+        )
+
+    async def _run_call(self, call: _Call, engine: Engine, started: float, held: int) -> None:
         loop = asyncio.get_running_loop()
         requests = list({id(r): r for r, _ in call.members}.values())
         try:
             out, began, ended = await loop.run_in_executor(
                 self.lanes.executor, self._compute, call, engine
             )
+        except asyncio.CancelledError:
+            fail(requests, DeadlineExceeded(1, "runner is shutting down"))
+            raise
         except Exception as exc:  # the engine failed: fail this call's requests, keep serving
             fail(requests, exc)
             return
         finally:
-            self.lanes.done()
+            self.lanes.done(held)
             self.admission.finished(call.real)
-        if out is None:  # every request of the call had gone, or its deadline passed in line
-            late = [r for r in requests if not r.future.done()]
-            for _ in late:
-                self.recorder.shed("deadline")
-            fail(late, DeadlineExceeded(1, "deadline passed while queued"))
-            return
-        self._measure(call.real, began, ended)
-        self.recorder.engine_call(
-            len(call.members), call.group.padded_tokens, call.real, ended - began
-        )
-        done = clock()
-        # A request answered by this call has run from the round's start until now; one with
-        # rows in a later call is overwritten there.
-        for request in requests:
-            request.timing.engine_calls += 1
-            request.timing.inference_s = done - started
-        deliver(call.members, out)
+        try:
+            if out is None:  # every request of the call had gone, or its deadline passed in line
+                late = [r for r in requests if not r.future.done()]
+                for _ in late:
+                    self.recorder.shed("deadline")
+                fail(late, DeadlineExceeded(1, "deadline passed while queued"))
+                return
+            self._measure(call.real, began, ended)
+            self.recorder.engine_call(
+                len(call.members), call.group.padded_tokens, call.real, ended - began
+            )
+            done = clock()
+            # A request answered by this call has run from the round's start until now; one with
+            # rows in a later call is overwritten there.
+            for request in requests:
+                request.timing.engine_calls += 1
+                request.timing.inference_s = done - started
+            deliver(call.members, out)
+        except Exception as exc:  # a wrong answer from the engine (row count): fail, not hang
+            fail(requests, exc)
 
     def _measure(self, tokens: int, began: float, ended: float) -> None:
         """The speed admission plans with is the instance's, not one lane's: calls overlap, so a

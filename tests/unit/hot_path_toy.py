@@ -2,7 +2,11 @@
 (the lean path takes them) or traced (BentoML's path takes everything), and driven in a process of
 its own: BentoML registers its request metrics once per process.
 
-    python -m tests.unit.hot_path_toy requests|slow|logged|public-pickle|internal-pickle lean|full
+    python -m tests.unit.hot_path_toy SCENARIO lean|bentoml
+
+Variants: lean (the lean path in front) or bentoml (the same service as BentoML serves it, its
+routes untraced alike). Scenarios: requests, slow, stalled, logged, public-pickle, internal-pickle,
+traced, unsafe.
 """
 
 from __future__ import annotations
@@ -15,6 +19,10 @@ from typing import Any
 
 import bentoml
 from pydantic import BaseModel
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, StreamingResponse
+from starlette.routing import Route
 from starlette.testclient import TestClient
 
 from serving.error_bodies import ConformingErrors
@@ -23,7 +31,11 @@ from serving.hot_path import HotPath, HotPathService
 from serving.replies import reply
 from serving.settings import ServiceSettings
 
-ROUTES = ["/model", "/reply", "/refused", "/shed", "/crash", "/slow", "/invalid", "/kwargs"]
+ROUTES = [
+    "/model", "/reply", "/refused", "/shed", "/crash", "/slow", "/invalid", "/kwargs",
+    "/context", "/mounted/echo", "/mounted/stream", "/mounted/refused",
+]  # fmt: skip
+BACKGROUND: list[str] = []  # what background tasks ran, in order
 
 
 class Text(BaseModel):
@@ -35,9 +47,14 @@ class Upper(BaseModel):
     length: int
 
 
+async def remember(text: str) -> None:
+    BACKGROUND.append(text)
+
+
 class Toy:
     """Each kind of answer an API gives: a model (BentoML's output spec writes it), a Response,
-    an error reply, an exception, a late answer, a validation error raised inside, keyword args."""
+    an error reply, an exception, a late answer, a validation error raised inside, keyword args,
+    and what an API does with its ctx."""
 
     @bentoml.api
     async def model(self, request: Text, /, ctx: bentoml.Context) -> Upper:
@@ -77,18 +94,71 @@ class Toy:
     async def kwargs(self, ids: list[list[int]], variant: str = "fp32") -> dict[str, Any]:
         return {"rows": len(ids), "variant": variant}
 
+    @bentoml.api
+    async def context(self, request: Text, /, ctx: bentoml.Context) -> dict[str, Any]:
+        """Status, headers of either case, a Server header of its own, a cookie, shared state, the
+        request's headers, a background task."""
+        ctx.state["calls"] = ctx.state.get("calls", 0) + 1
+        ctx.response.status_code = 201
+        ctx.response.headers["X-A"] = "1"
+        ctx.response.headers["x-a"] = "2"
+        ctx.response.headers["Server"] = "mine"
+        ctx.response.set_cookie("seen", request.text)
+        ctx.response.background.add_task(remember, request.text)
+        return {"calls": ctx.state["calls"], "agent": ctx.request.headers["x-agent"]}
 
-def toy(name: str, traced: bool, access_log: bool = False) -> HotPathService:
-    """``Toy`` as a service: its routes kept out of tracing unless ``traced``."""
+
+async def echo(request: Request) -> JSONResponse:
+    return JSONResponse(
+        {"echo": (await request.json())["text"], "root": request.scope["root_path"]}
+    )
+
+
+async def stream(_: Request) -> StreamingResponse:
+    async def chunks():
+        for i in range(4):
+            yield f"{i}".encode()
+            await asyncio.sleep(0.4)  # 1.6 s in all: longer than the timeout, after the start
+
+    return StreamingResponse(chunks(), media_type="text/plain")
+
+
+async def mounted_refusal(_: Request) -> JSONResponse:
+    return JSONResponse([{"error": "no", "detail": ": body"}], status_code=422)
+
+
+MOUNTED = Starlette(
+    routes=[
+        Route("/echo", echo, methods=["POST"]),
+        Route("/stream", stream, methods=["POST"]),
+        Route("/refused", mounted_refusal, methods=["POST"]),
+    ]
+)
+
+
+class Plain:
+    """A middleware of a service's own that does not declare the lean path safe for it."""
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        await self.app(scope, receive, send)
+
+
+def toy(name: str, lean: bool, traced: bool = False, access_log: bool = False) -> Any:
+    """``Toy`` as a service, with the lean path in front (``lean``) or as BentoML serves it; its
+    routes kept out of tracing unless ``traced``."""
     settings = ServiceSettings(trace_requests=traced)
     decorate = bentoml.service(
         name=name,
-        service_class=HotPathService,
+        service_class=HotPathService if lean else bentoml.Service,
         tracing=settings.tracing(ROUTES),
         traffic={"timeout": 1},
         logging={"access": {"enabled": access_log}},
     )
     service = decorate(type(name, (Toy,), {}))
+    service.mount_asgi_app(MOUNTED, path="/mounted/")
     service.add_asgi_middleware(ConformingErrors)  # as every service of the project does
     return service
 
@@ -103,20 +173,24 @@ REQUESTS: list[tuple[str, Any, str]] = [
     ("/invalid", {"text": "x"}, "application/json"),
     ("/kwargs", {"ids": [[1, 2], [3]]}, "application/json"),
     ("/kwargs", {"ids": [[1]], "variant": "int8"}, "application/json"),
+    ("/context", {"text": "first"}, "application/json"),
+    ("/context", {"text": "second"}, "application/json"),
+    ("/mounted/echo", {"text": "hi"}, "application/json"),
+    ("/mounted/refused", {}, "application/json"),
     # BentoML answers these on both paths: invalid fields, invalid JSON, another media type
     ("/model", {"text": 5}, "application/json"),
     ("/model", b"{not json", "application/json"),
     ("/model", {"text": "plain"}, "text/plain"),
     ("/kwargs", {}, "application/json"),
 ]
-HEADERS = ("content-type", "content-length", "server", "x-seen", "retry-after", "x-total-time")
+DELEGATED = 4  # the last four: what BentoML itself answers on the lean path too
 
 
 def answers(service: HotPathService) -> dict[str, Any]:
-    """Each request's status, JSON body and headers; the metrics after them; the lean routes."""
+    """Each request's status, body and every header but the date; the metrics after them; the
+    lean routes; how many requests BentoML's own endpoint answered; the background tasks run."""
     from _bentoml_impl.server.app import ServiceAppFactory
 
-    # Requests BentoML's own endpoint wrapper answers (the lean path answers the others).
     wrapper, wrapped = ServiceAppFactory.api_endpoint_wrapper, []
 
     async def counted(factory: Any, name: str, request: Any) -> Any:
@@ -125,38 +199,81 @@ def answers(service: HotPathService) -> dict[str, Any]:
 
     ServiceAppFactory.api_endpoint_wrapper = counted  # type: ignore[method-assign]
     app = service.to_asgi(is_main=True)
-    assert isinstance(app, HotPath)
     out = []
     with TestClient(app, raise_server_exceptions=False) as client:
         for path, body, media in REQUESTS:
             data = body if isinstance(body, bytes) else json.dumps(body).encode()
-            resp = client.post(path, content=data, headers={"content-type": media})
-            out.append([resp.status_code, resp.json(), {h: resp.headers.get(h) for h in HEADERS}])
+            resp = client.post(path, content=data, headers={"content-type": media, "x-agent": "t"})
+            headers = sorted((k, v) for k, v in resp.headers.multi_items() if k != "date")
+            out.append([resp.status_code, resp.content.decode(), headers])
         metrics = client.get("/metrics").text
     return {
         "answers": out,
         "metrics": metrics,
-        "routes": sorted(app.routes()),
+        "routes": sorted(app.routes()) if isinstance(app, HotPath) else None,
         "bentoml_answered": len(wrapped),
+        "background": BACKGROUND,
     }
 
 
 def slow(service: HotPathService) -> dict[str, Any]:
+    """An API slower than the timeout; a mounted stream that starts in time and ends after it."""
     with TestClient(service.to_asgi(is_main=True)) as client:
-        resp = client.post("/slow", json={"text": "x"})
-    return {"status": resp.status_code, "body": resp.json()}
+        api = client.post("/slow", json={"text": "x"})
+        streamed = client.post("/mounted/stream", json={})
+    return {
+        "api": [api.status_code, api.json(), api.headers.get("server")],
+        "stream": [streamed.status_code, streamed.text],
+    }
+
+
+def stalled(service: HotPathService) -> list[Any]:
+    """A client that sends half its body and then nothing: answered at the timeout."""
+    app = service.to_asgi(is_main=True)
+    sent: list[dict[str, Any]] = []
+
+    async def receive() -> dict[str, Any]:
+        if not sent:
+            sent.append({})
+            return {"type": "http.request", "body": b'{"text": ', "more_body": True}
+        await asyncio.sleep(30)
+        return {"type": "http.disconnect"}
+
+    messages: list[dict[str, Any]] = []
+
+    async def send(message: dict[str, Any]) -> None:
+        messages.append(message)
+
+    scope = {
+        "type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST",
+        "scheme": "http", "path": "/model", "raw_path": b"/model", "query_string": b"",
+        "root_path": "", "headers": [(b"content-type", b"application/json")],
+        "client": ("127.0.0.1", 1), "server": ("127.0.0.1", 3000),
+    }  # fmt: skip
+    with TestClient(app) as client:  # started: its lifespan has run
+        client.portal.call(app, scope, receive, send)
+    start = next(m for m in messages if m["type"] == "http.response.start")
+    body = b"".join(m.get("body", b"") for m in messages if m["type"] == "http.response.body")
+    return [start["status"], json.loads(body)]
 
 
 def pickled(service: HotPathService, main: bool) -> list[Any]:
     """A pickle body, as the services send each other, to the public port or an internal one."""
+    from _bentoml_impl.server.app import ServiceAppFactory
+
+    wrapper, wrapped = ServiceAppFactory.api_endpoint_wrapper, []
+
+    async def counted(factory: Any, name: str, request: Any) -> Any:
+        wrapped.append(name)
+        return await wrapper(factory, name, request)
+
+    ServiceAppFactory.api_endpoint_wrapper = counted  # type: ignore[method-assign]
     body = pickle.dumps({"ids": [[1, 2]], "variant": "int8"})
     media = {"content-type": "application/vnd.bentoml+pickle"}
     with TestClient(service.to_asgi(is_main=main)) as client:
         resp = client.post("/kwargs", content=body, headers=media)
-    return [
-        resp.status_code,
-        pickle.loads(resp.content) if resp.status_code == 200 else resp.json(),
-    ]
+    answer = pickle.loads(resp.content) if resp.status_code == 200 else resp.json()
+    return [resp.status_code, answer, len(wrapped)]
 
 
 def logged(service: HotPathService) -> list[str]:
@@ -178,14 +295,39 @@ def logged(service: HotPathService) -> list[str]:
     return lines
 
 
+def traced(service: HotPathService) -> list[str]:
+    """The lean routes of a service whose routes are traced."""
+    app = service.to_asgi(is_main=True)
+    with TestClient(app) as client:
+        client.post("/model", json={"text": "hello"})
+        return sorted(app.routes())
+
+
+def unsafe(service: HotPathService) -> list[str]:
+    """The lean routes of a service with a middleware that does not declare itself safe."""
+    service.add_asgi_middleware(Plain)
+    app = service.to_asgi(is_main=True)
+    with TestClient(app) as client:
+        client.post("/model", json={"text": "hello"})
+        return sorted(app.routes())
+
+
 if __name__ == "__main__":
     scenario, variant = sys.argv[1:3]
-    service = toy(f"toy_{variant}", traced=variant == "full", access_log=scenario == "logged")
+    service = toy(
+        f"toy_{variant}",
+        lean=variant == "lean",
+        traced=scenario == "traced",
+        access_log=scenario == "logged",
+    )
     run = {
         "requests": answers,
         "slow": slow,
+        "stalled": stalled,
         "logged": logged,
         "public-pickle": lambda s: pickled(s, main=True),
         "internal-pickle": lambda s: pickled(s, main=False),
+        "traced": traced,
+        "unsafe": unsafe,
     }[scenario]
     print(json.dumps(run(service)))

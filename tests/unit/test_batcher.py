@@ -274,7 +274,7 @@ def test_one_lane_keeps_one_call_in_line_and_drops_it_if_its_caller_goes() -> No
         await asyncio.sleep(0.05)  # the first call is on the lane
         gone = asyncio.create_task(batcher.submit([[33, 3]]))
         await asyncio.sleep(0.05)  # in line behind it
-        assert batcher.lanes.placed == 2
+        assert batcher.lanes.held == 2
         gone.cancel()
         await first
         kept = await batcher.submit([[44, 4]])
@@ -301,3 +301,60 @@ def test_admission_counts_parallel_lanes_as_the_instance_speed() -> None:
         return batcher.tokens_per_s
 
     assert 30 < run(main()) < 50  # one lane alone would say ~20
+
+
+def test_admission_returns_to_zero_and_close_answers_calls_not_yet_placed() -> None:
+    """Closing while a round's later calls wait for a lane: every request is answered (served or
+    refused), none left waiting, and the admission's counts return to zero."""
+    from serving.batching import Lanes
+
+    engine = FakeEngine(delay_s=0.1)
+
+    async def main():
+        batcher = Batcher(engine, Policy(max_batch_rows=1), lanes=Lanes(1))
+        served = await asyncio.gather(*(batcher.submit([[i + 1, 2]]) for i in range(3)))
+        counts = (batcher.admission.waiting, batcher.admission.running)
+        # three calls of one round, one lane: the third waits for a slot when close() comes
+        pending = asyncio.gather(batcher.submit([[7, 1], [8, 1], [9, 1]]), return_exceptions=True)
+        await asyncio.sleep(0.05)
+        await batcher.close()
+        outcome = await asyncio.wait_for(pending, timeout=5)
+        return served, counts, outcome[0], batcher.admission
+
+    served, counts, outcome, admission = run(main())
+    assert [rows[0, 0] for rows, _ in served] == [3, 4, 5] and counts == (0, 0)
+    assert isinstance(outcome, DeadlineExceeded)  # refused at close, not left hanging
+    assert (admission.waiting, admission.running) == (0, 0)
+
+
+def test_a_solo_call_runs_with_nothing_beside_it() -> None:
+    """While a lone call runs on the solo engine (every core), calls that arrive wait for it
+    instead of running beside it on the other lane."""
+    from serving.batching import Lanes
+
+    solo, narrow = FakeEngine(delay_s=0.2), FakeEngine(delay_s=0.01)
+    overlap: list[bool] = []
+    running = {"solo": False}
+
+    def solo_call(feeds: Feeds) -> np.ndarray:
+        running["solo"] = True
+        try:
+            return solo(feeds)
+        finally:
+            running["solo"] = False
+
+    def narrow_call(feeds: Feeds) -> np.ndarray:
+        overlap.append(running["solo"])
+        return narrow(feeds)
+
+    async def main():
+        batcher = Batcher(narrow_call, Policy(max_batch_rows=1), lanes=Lanes(2), solo=solo_call)
+        lone = asyncio.create_task(batcher.submit([[5, 6]]))
+        await asyncio.sleep(0.05)  # the lone call is on the solo engine
+        await asyncio.gather(batcher.submit([[7, 8]]), batcher.submit([[9, 8]]))
+        await lone
+        await batcher.close()
+
+    run(main())
+    assert solo.seen == [5] and sorted(narrow.seen) == [7, 9]  # two calls: the lanes
+    assert overlap == [False, False]  # neither ran while the solo call did

@@ -266,3 +266,44 @@ def test_bentoml_client_sends_the_tenant_header_to_the_runner() -> None:
         ("/classify", "acme", {"tenant": "acme", "ids": [[5, 6]]}),
         ("/classify", "acme", {"tenant": "acme", "vectors": [[0.5] * 384]}),
     ]
+
+
+@pytest.mark.parametrize("in_graph", [True, False], ids=["same graph", "by URL"])
+def test_a_hot_calls_refusal_passes_through_with_its_status(in_graph: bool) -> None:
+    """A runner's 429/503 reaches the tokenizer as its overload (Retry-After kept), a 4xx as the
+    caller's mistake, whatever the transport."""
+    from starlette.applications import Starlette
+    from starlette.requests import Request
+    from starlette.responses import JSONResponse
+    from starlette.routing import Route
+
+    from runners.onnx.service import OnnxRunner
+    from runners.tenants.service import TenantRunner
+
+    async def shed(_: Request) -> JSONResponse:
+        return JSONResponse({"error": "queue full", "retry_after": 3}, status_code=429)
+
+    async def unknown(_: Request) -> JSONResponse:
+        return JSONResponse({"error": "unknown tenant 'acme'"}, status_code=404)
+
+    def app(service: Any, path: str, endpoint: Any) -> Starlette:
+        async def schema(_: Request) -> JSONResponse:
+            return JSONResponse(service.schema())
+
+        return Starlette(
+            routes=[Route(path, endpoint, methods=["POST"]), Route("/schema.json", schema)]
+        )
+
+    async def main() -> tuple[BaseException, BaseException]:
+        onnx = proxy_of(OnnxRunner, app(OnnxRunner, "/embed", shed), in_graph)
+        tenants = proxy_of(TenantRunner, app(TenantRunner, "/classify", unknown), in_graph)
+        async with onnx.to_async, tenants.to_async:
+            with pytest.raises(Overloaded) as overloaded:
+                await OnnxRunnerClient(onnx, "fp32").embed([[101, 102]], 2.0)
+            with pytest.raises(ApiError) as refused:
+                await TenantRunnerClient(tenants).classify("acme", [[5]], None)
+        return overloaded.value, refused.value
+
+    overloaded, refused = asyncio.run(main())
+    assert overloaded.status == 429 and overloaded.headers() == {"Retry-After": "3"}
+    assert refused.status == 404 and refused.message == "unknown tenant 'acme'"
