@@ -45,8 +45,11 @@ from timeit import default_timer
 from typing import Any
 
 from _bentoml_impl.serde import JSONSerde, Payload, PickleSerde, Serde
-from _bentoml_sdk import Service
+from _bentoml_sdk import Service, get_current_service
 from _bentoml_sdk.io_models import ARGS, KWARGS, IORootModel, IterableResponse
+from bentoml._internal.server.http_app import log_exception
+from bentoml._internal.utils.http import set_cookies
+from bentoml.exceptions import BentoMLException
 from pydantic import ValidationError
 from starlette.applications import Starlette
 from starlette.datastructures import Headers
@@ -169,19 +172,12 @@ class HotPath:
         context = self.service.context
 
         async def answer(scope: Scope, receive: Any, send: Any) -> None:
-            serde, data, body, deadline = scope.pop("bundle.parsed")
+            serde, data, body = scope.pop("bundle.parsed")
             # BentoML's context middleware: the API's ctx, for this request.
             with context.in_request(Request(scope, replay(body), send)):
-                timer = asyncio.timeout_at(deadline)
                 try:
-                    async with timer:
-                        output = await api.call(data, context)
-                        response = await api.response(output, serde, context)
-                except TimeoutError:
-                    if timer.expired():
-                        await _send(self._timed_out(), scope, receive, send)
-                        return
-                    response = _failed(scope)
+                    output = await api.call(data, context)
+                    response = await api.response(output, serde, context)
                 except Exception as exc:
                     response = _refused(scope, exc)
                 # BentoML's endpoint wrapper: the Server header, ctx's background tasks.
@@ -198,22 +194,32 @@ class HotPath:
             if serde is None:  # not a media type BentoML reads as the lean path does
                 await self._inner(scope, receive, send)
                 return
-            deadline = self._deadline()
+            timer = asyncio.timeout_at(self._deadline())
+            replied = False
+
+            async def sent(message: dict[str, Any]) -> None:
+                nonlocal replied
+                if not replied:  # BentoML's timeout ends with the first message sent
+                    replied = True
+                    timer.reschedule(None)
+                await send(message)
+
             try:
-                async with asyncio.timeout_at(deadline):
+                async with timer:
                     body = await _read(receive)
-            except TimeoutError:  # a client that never sends its whole body
+                    if body is None:
+                        return  # the client went before sending its body: no one to answer
+                    try:
+                        data = api.parse(serde, body, scope)
+                    except Exception:  # invalid JSON or fields, a bad pickle: BentoML answers
+                        await self._inner(scope, replay(body), sent)
+                        return
+                    scope["bundle.parsed"] = (serde, data, body)
+                    await written(scope, receive, sent)
+            except TimeoutError:
+                if replied or not timer.expired():
+                    raise
                 await _send(self._timed_out(), scope, receive, send)
-                return
-            if body is None:
-                return  # the client has gone before sending its body: no one to answer
-            try:
-                data = api.parse(serde, body, scope)
-            except Exception:  # invalid JSON or fields, a bad pickle: BentoML writes the answer
-                await self._inner(scope, replay(body), send)
-                return
-            scope["bundle.parsed"] = (serde, data, body, deadline)
-            await written(scope, receive, send)
 
         return handle
 
@@ -289,8 +295,6 @@ class _Api:
         return serde.deserialize_model(Payload((body,), metadata=Headers(scope=scope)), self.spec)
 
     async def call(self, data: Any, ctx: Any) -> Any:
-        from bentoml import get_current_service
-
         args: tuple[Any, ...] = ()
         kwargs: dict[str, Any] = {}
         if self.root:
@@ -304,8 +308,6 @@ class _Api:
 
     async def response(self, output: Any, serde: Serde, ctx: Any) -> Response:
         """The reply, with ctx's status, headers and cookies when the API takes ctx."""
-        from bentoml._internal.utils.http import set_cookies
-
         if isinstance(output, Response):
             response = output
         else:
@@ -414,20 +416,14 @@ async def _send(response: Response, scope: Scope, receive: Any, send: Any) -> No
 
 
 def _failed(scope: Scope) -> Response:
-    from bentoml._internal.server.http_app import log_exception
-
     log_exception(Request(scope))
     return JSONResponse(_UNEXPECTED, status_code=500)
 
 
 def _refused(scope: Scope, exc: Exception) -> Response:
     """BentoML's ``api_endpoint_wrapper`` for an exception an API raised."""
-    from bentoml.exceptions import BentoMLException
-
     if not isinstance(exc, ValidationError | BentoMLException):
         return _failed(scope)
-    from bentoml._internal.server.http_app import log_exception
-
     log_exception(Request(scope))
     if isinstance(exc, ValidationError):
         data: Any = {
