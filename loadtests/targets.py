@@ -19,8 +19,8 @@ def targets(rows: list[dict], ratio_rows: list[dict], users: list[int]) -> list[
     at = {(r["workload"], r["users"]): r for r in ratio_rows}
     chat, bulk = at[("chat", middle)], at[("bulk", middle)]
 
-    def check(name: str, ok: bool, measured: str) -> dict:
-        return {"target": name, "met": bool(ok), "measured": measured}
+    def check(key: str, name: str, ok: bool, measured: str) -> dict:
+        return {"key": key, "target": name, "met": bool(ok), "measured": measured}
 
     def ge(value: float | None, limit: float) -> bool:
         return value is not None and value >= limit
@@ -36,52 +36,67 @@ def targets(rows: list[dict], ratio_rows: list[dict], users: list[int]) -> list[
     loadgen = max(r["loadgen_cpu_share"] for r in rows)
     return [
         check(
+            "chat_raw",
             f"chat served/raw >= 0.70 ({middle} users)",
             ge(chat["served_over_raw"], 0.70),
             f"{chat['served_over_raw']:.2f}",
         ),
         check(
+            "bulk_raw",
             f"bulk served/raw >= 0.90 ({middle} users)",
             ge(bulk["served_over_raw"], 0.90),
             f"{bulk['served_over_raw']:.2f}",
         ),
         check(
+            "chat_fastapi",
             f"chat >= 1.75x fastapi ({middle} users)",
             ge(chat["vs_fastapi"], 1.75),
             f"{chat['vs_fastapi']:.2f}x",
         ),
         check(
+            "chat_handwritten",
             f"chat >= 1.0x hand-written batching ({middle} users)",
             ge(chat["vs_handwritten"], 1.0),
             f"{chat['vs_handwritten']:.2f}x",
         ),
         check(
+            "bulk_fastapi",
             f"bulk >= 2.5x fastapi ({middle} users)",
             ge(bulk["vs_fastapi"], 2.5),
             f"{bulk['vs_fastapi']:.2f}x",
         ),
         check(
+            "int8_chat",
             f"int8 >= 1.5x fp32 on chat ({middle} users)",
             ge(chat.get("int8_over_fp32"), 1.5),
             f"{chat.get('int8_over_fp32') or 0:.2f}x",
         ),
-        check(f"stack: 0 failed or shed requests ({middle} users)", failures == 0, str(failures)),
         check(
+            "failures",
+            f"stack: 0 failed or shed requests ({middle} users)",
+            failures == 0,
+            str(failures),
+        ),
+        check(
+            "one_client",
             f"one client: stack p50 <= 1.3x fastapi's ({one} user)",
             stack_p50 <= 1.3 * fastapi_p50,
             f"{stack_p50:.1f} vs {fastapi_p50:.1f} ms ({stack_p50 / fastapi_p50:.2f}x)",
         ),
         check(
+            "tokenizer_cpu",
             f"tokenizer CPU <= {TOKENIZER_MS} ms per chat request ({middle} users)",
             tokenizer_ms is not None and tokenizer_ms <= TOKENIZER_MS,
             f"{tokenizer_ms} ms",
         ),
         check(
+            "runner_cpu",
             f"onnx runner non-engine CPU <= {RUNNER_SERVING_MS} ms per chat request ({middle} users)",
             runner_ms is not None and runner_ms <= RUNNER_SERVING_MS,
             f"{runner_ms} ms",
         ),
         check(
+            "loadgen",
             f"load generator <= {LOADGEN_SHARE:.0%} of the machine at every point",
             loadgen <= LOADGEN_SHARE,
             f"max {loadgen:.1%}",

@@ -228,3 +228,18 @@ def test_the_lean_path_is_measured_against_bentomls_own_path(results) -> None:
             rel_tol=1e-3,
         )
     assert "BentoML's own path" in (out / "results.md").read_text()
+
+
+def test_every_missed_target_says_what_holds_it_back(results) -> None:
+    data, out = results
+    from loadtests.report import holds_back
+
+    explained = holds_back(data)
+    missed = [t for t in data["targets"] if not t["met"]]
+    lines = [line for line in explained if line.startswith("- **")]
+    assert [line.split("**")[1] for line in lines] == [t["target"] for t in missed]
+    for target, line in zip(missed, lines, strict=True):
+        if target["key"] not in ("failures", "loadgen"):  # counts and a share, not a profile
+            assert " ms" in line, line  # a profile in milliseconds, not a verdict
+    text = (out / "results.md").read_text()
+    assert all(line in text for line in lines)

@@ -1,0 +1,72 @@
+"""The benchmark report explains each missed target from the rows it was measured in: the figures
+in the explanation are the quotients and sums of those rows, and a met target is not explained."""
+
+from __future__ import annotations
+
+from loadtests.points import FASTAPI, HANDWRITTEN, INT8, NAIVE, NOBATCH, STACK
+from loadtests.report import holds_back, markdown, ratios
+
+USERS = [1, 64]
+
+
+def cpu(**ms: tuple[float, float]) -> dict:
+    return {
+        name: {"main_ms": main, "other_threads_ms": other, "total_ms": main + other}
+        for name, (main, other) in ms.items()
+    }
+
+
+def row(system: str, workload: str, users: int, rate: float, p50: float, load: dict) -> dict:
+    return {
+        "system": system, "workload": workload, "users": users, "repeats": 3,
+        "sentences_per_s": rate, "spread": [rate, rate], "p50_ms": p50, "p99_ms": 2 * p50,
+        "failures": 0, "shed": 0, "loadgen_cpu_share": 0.01, "cpu_ms_per_request": load,
+    }  # fmt: skip
+
+
+def results() -> dict:
+    stack = cpu(tokenizer=(0.25, 0.0), onnx_runner=(0.08, 2.0))
+    one_process = cpu(uvicorn=(0.5, 2.5))
+    rates = {  # chat sentences/s: the stack at 0.6 of raw, 1.5x FastAPI, above hand-written
+        STACK: 600, INT8: 800, NOBATCH: 300, FASTAPI: 400, NAIVE: 200, HANDWRITTEN: 550,
+    }  # fmt: skip
+    rows = []
+    for users in USERS:
+        for system, rate in rates.items():
+            load = stack if system in (STACK, INT8, NOBATCH) else one_process
+            rows.append(row(system, "chat", users, rate, 10.0 if system == STACK else 4.0, load))
+            rows.append(row(system, "bulk", users, rate * 3, 50.0, load))
+    raw = {
+        "fp32": {"sentences_per_s": 1000.0, "plan": "tokens 1024, 2 lanes"},
+        "int8": {"sentences_per_s": 1600.0, "plan": "tokens 1024, 2 lanes"},
+    }
+    meta = {"users": USERS, "cores": 2, "repeats": 3, "seconds_per_point": 10}
+    return {"meta": meta, "raw": raw, "rows": rows, "ratios": ratios(rows, raw)}
+
+
+def test_each_missed_target_is_explained_by_its_rows() -> None:
+    lines = [line for line in holds_back(results()) if line.startswith("- **")]
+    by_target = {line.split("**")[1].split(" (")[0]: line for line in lines}
+    # chat 600/s against raw 1000 (0.60): the stack's CPU a sentence against raw's 2 cores / 1000
+    assert (
+        "the stack spends 2.33 ms of CPU a sentence against raw's 2.00"
+        in by_target["chat served/raw >= 0.70"]
+    )
+    # FastAPI at 400/s: raw is only 2.50x it, the target 1.75x is reachable; the line says both
+    assert (
+        "raw engine serves 2.50x what the FastAPI server does" in by_target["chat >= 1.75x fastapi"]
+    )
+    # int8: raw 1.6x; both backends spend the same 0.33 ms around the engine
+    assert "1.60x faster in int8" in by_target["int8 >= 1.5x fp32 on chat"]
+    # one client: p50 10 against 4 ms, 6 ms more; the stack's CPU is the sum of its processes
+    assert "6.0 ms more at p50" in by_target["one client: stack p50 <= 1.3x fastapi's"]
+    assert "sum 2.33" in by_target["one client: stack p50 <= 1.3x fastapi's"]
+    # met: the tokenizer (0.25 <= 0.3 ms), the runner (0.08 <= 0.1), hand-written (600 > 550)
+    assert not any(
+        name.startswith(("tokenizer CPU", "onnx runner", "chat >= 1.0x")) for name in by_target
+    )
+
+
+def test_the_explanations_follow_the_targets_table() -> None:
+    text = markdown(results())
+    assert text.index("| target | met | measured |") < text.index("What holds each missed target")
