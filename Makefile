@@ -93,9 +93,8 @@ tenants-mixed: models ## Build N demo whole-model tenants (ONNX, every 4th TF) i
 # The benchmark's /classify points draw from this many demo tenants, in both forms.
 export BENCH_TENANTS ?= $(if $(BENCH_QUICK),16,1000)
 bench: models wrk ## Side-by-side benchmark, interleaved repeats, CPU per request; records loadtests/results (BENCH_QUICK=1: short, not recorded)
-	OPENBLAS_NUM_THREADS=1 $(PY) -m tools.tenants demo --count $(BENCH_TENANTS)
-	$(PY) -m tools.tenants --store $(MIXED_STORE) demo --format mixed --count $(BENCH_TENANTS)
-	$(PY) -m loadtests.bench --model-store $(MIXED_STORE)
+	$(MAKE) --no-print-directory tenants tenants-mixed N=$(BENCH_TENANTS)
+	BENCH_MODEL_STORE=$(MIXED_STORE) $(PY) -m loadtests.bench
 
 chaos: models ## Overload at 4x capacity, recovery, workers SIGKILLed under load (PHASE_S seconds a phase)
 	$(PY) -m loadtests.chaos --seconds $(or $(PHASE_S),20)

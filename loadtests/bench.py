@@ -136,6 +136,7 @@ def commit() -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    measured = commit()  # the code the servers start with, not what the tree holds at the end
     parser = argparse.ArgumentParser(
         prog="python -m loadtests.bench", description=__doc__.splitlines()[0]
     )
@@ -274,7 +275,7 @@ def main(argv: list[str] | None = None) -> int:
         paths=lean,
         meta={
             "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
-            "commit": commit(),
+            "commit": measured,
             "machine": f"{platform.machine()}, {os.cpu_count()} cores, {platform.processor() or platform.platform()}",
             "cores": os.cpu_count() or 1,
             "python": sys.version.split()[0],

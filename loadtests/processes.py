@@ -53,6 +53,46 @@ def stop_processes(
     return alive
 
 
+def run_tree(
+    argv: Sequence[str], timeout_s: float, **popen: object
+) -> subprocess.CompletedProcess[str]:
+    """``subprocess.run`` for a command that starts servers of its own (the benchmark): on a
+    timeout, the command and every descendant seen are SIGKILLed by PID and checked gone before
+    ``TimeoutExpired`` is raised, so no server outlives it."""
+    proc = subprocess.Popen(
+        argv,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        **popen,  # type: ignore[call-overload]
+    )
+    seen: dict[int, psutil.Process] = {}
+
+    def look() -> None:  # remembered, so a server whose parent died is still stopped
+        with contextlib.suppress(psutil.NoSuchProcess):
+            for child in psutil.Process(proc.pid).children(recursive=True):
+                seen.setdefault(child.pid, child)
+
+    deadline = time.monotonic() + timeout_s
+    while True:
+        look()
+        try:
+            out, err = proc.communicate(timeout=min(5.0, max(0.0, deadline - time.monotonic())))
+            return subprocess.CompletedProcess(argv, proc.returncode, out, err)
+        except subprocess.TimeoutExpired:
+            if time.monotonic() < deadline:
+                continue
+            look()
+            # The command first (it cannot restart anything then, and its dead children are
+            # reaped once re-parented), then its descendants, which hold the pipes open.
+            proc.kill()
+            proc.wait()
+            left = stop_processes([p for p in seen.values() if p.is_running()])
+            out, err = proc.communicate()
+            assert not left, f"still alive after SIGKILL: {[p.pid for p in left]}"
+            raise subprocess.TimeoutExpired(argv, timeout_s, out, err) from None
+
+
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))

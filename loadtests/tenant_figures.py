@@ -205,7 +205,7 @@ def main(argv: list[str] | None = None) -> int:
     empty_mb, full_mb = head_cost(args.head_store, args.tenants, ROOT / "build" / "tenant-figures")
     print(
         f"head tenants: {args.tenants} resident, worker {full_mb:.0f} MB against {empty_mb:.0f} MB "
-        f"with an empty store (+{full_mb - empty_mb:.0f} MB), every one answering without a load"
+        f"with an empty store (+{full_mb - empty_mb:.0f} MB), every one read at start-up (no request loads a head)"
     )
     return 1 if len(ok) < len(results) else 0
 

@@ -45,13 +45,18 @@ class RunnerSettings(ServiceSettings):
 
     @model_validator(mode="after")
     def _check_threads(self) -> RunnerSettings:
-        cores = available_cores()
-        if self.intra_op_threads is not None and self.workers * self.intra_op_threads > cores:
-            raise ValueError(
-                f"workers ({self.workers}) x intra_op_threads ({self.intra_op_threads}) exceeds the {cores} "
-                "cores available: instances would oversubscribe the CPU"
-            )
+        self.check_cores("intra_op_threads", self.intra_op_threads)
         return self
+
+    def check_cores(self, name: str, per_worker: int | None) -> None:
+        """Refuse ``per_worker`` threads (a setting called ``name``) on every worker when together
+        they exceed the cores available: the instances would oversubscribe the CPU."""
+        cores = available_cores()
+        if per_worker is not None and self.workers * per_worker > cores:
+            raise ValueError(
+                f"workers ({self.workers}) x {name} ({per_worker}) exceeds the {cores} cores "
+                "available: instances would oversubscribe the CPU"
+            )
 
     @property
     def threads(self) -> int:
@@ -70,7 +75,8 @@ class RunnerSettings(ServiceSettings):
 
     def service_config(self, hot_routes: list[str]) -> dict:
         """The ``@bentoml.service`` keywords these settings decide; ``hot_routes``: the runner's APIs,
-        kept out of tracing, and so answered on the lean path, unless ``trace_requests`` is on."""
+        kept out of tracing unless ``trace_requests`` is on (the APIs among them are then answered
+        on the lean path; TF Serving's predict route, which has path parameters, by BentoML)."""
         return {
             "service_class": HotPathService,
             "workers": self.workers,
@@ -80,7 +86,8 @@ class RunnerSettings(ServiceSettings):
             # 300 s (read from the *callee's* config), killing calls in flight: a 32-user run lost
             # 23 % of requests to it. Never recycle; dead connections are retried by the caller.
             "runner_connection": {"max_requests": 2**62, "max_age": 1e12},
-            # Runners sit behind the tokenizer service, which logs every public request; an access
-            # log line per internal call cost ~10 % of a process's CPU under load.
+            # Runners sit behind the tokenizer service, whose access log (off by default, a
+            # setting) is where public requests are logged; a line per internal call would cost
+            # CPU on every hop for a log nobody reads.
             "logging": {"access": {"enabled": False}},
         }

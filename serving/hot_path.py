@@ -224,14 +224,10 @@ class HotPath:
         return handle
 
     def _serde(self, scope: Scope) -> Serde | None:
-        media = b""
-        for key, value in scope["headers"]:
-            if key == b"content-type":
-                media = value.split(b";")[0].strip().lower()
-                break
-        if media == b"application/json" or media.endswith(b"+json"):
+        content_type = next((v for k, v in scope["headers"] if k == b"content-type"), b"")
+        if is_json(content_type):
             return JSONSerde()
-        if media == PickleSerde.media_type.encode() and not self.is_main:
+        if media_of(content_type) == PickleSerde.media_type.encode() and not self.is_main:
             return PickleSerde()  # BentoML refuses pickle on the public port; so do we
         return None
 
@@ -437,6 +433,8 @@ def _refused(scope: Scope, exc: Exception) -> Response:
     elif status >= 500:
         data = _UNEXPECTED
     else:
+        # A one-element list, as BentoML writes it (its trailing comma makes a tuple): the same
+        # body whichever path answers.
         data = ({"error": str(exc)},)
     return JSONResponse(data, status_code=status)
 
@@ -451,6 +449,17 @@ async def _read(receive: Any) -> bytes | None:
         chunks.append(message.get("body", b""))
         if not message.get("more_body"):
             return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+
+
+def media_of(content_type: bytes) -> bytes:
+    """A Content-Type header's media type: lower case, without its parameters."""
+    return content_type.split(b";")[0].strip().lower()
+
+
+def is_json(content_type: bytes) -> bool:
+    """Whether a Content-Type header names JSON (``application/json`` or any ``+json`` type)."""
+    media = media_of(content_type)
+    return media == b"application/json" or media.endswith(b"+json")
 
 
 def replay(body: bytes) -> Any:

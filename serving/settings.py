@@ -45,10 +45,11 @@ class ServiceSettings(QueueSettings):
     trace_requests: bool = Field(
         False,
         description="OpenTelemetry spans for every request on the hot routes (the APIs). Off: those "
-        "routes are excluded from tracing and answered on the lean path (serving/hot_path.py): no "
-        "span, no X-BentoML-Request-ID header; probes, docs and metrics stay traced. On: they go "
-        "through BentoML's own path, which records a span per request and per ASGI message even "
-        "when nothing samples them; make bench measures what that costs (loadtests/README.md).",
+        "routes are excluded from tracing, and those that are fixed POST routes are answered on the "
+        "lean path (serving/hot_path.py): no span, no X-BentoML-Request-ID header; probes, docs "
+        "and metrics stay traced. On: they go through BentoML's own path, which records a span "
+        "per request and per ASGI message even when nothing samples them; make bench measures "
+        "that path, traced and with the access log on, against the lean one (loadtests/README.md).",
     )
 
     def tracing(self, hot_routes: Iterable[str]) -> dict[str, Any]:

@@ -5,7 +5,6 @@ from pydantic_settings import SettingsConfigDict
 
 from runners.settings import RunnerSettings
 from serving import contracts
-from serving.settings import available_cores
 
 
 class OnnxRunnerSettings(RunnerSettings):
@@ -28,8 +27,8 @@ class OnnxRunnerSettings(RunnerSettings):
         description="Engine calls run at once per instance, each on one core (one-thread sessions). "
         "Default: the instance's cores (cores // workers). With more than one lane, a call that is "
         "alone runs on a second session per model that uses every lane's core, so a lone request "
-        "is not slowed: that costs the memory of a second copy of each model (~+117 MB fp32, "
-        "+83 MB int8, measured). 1: one session per model on intra_op_threads threads.",
+        "is not slowed: that costs the memory of a second session of each model (its weights and "
+        "its arena again). 1: one session per model on intra_op_threads threads.",
     )
     providers: list[str] = Field(
         ["CPUExecutionProvider"],
@@ -39,12 +38,7 @@ class OnnxRunnerSettings(RunnerSettings):
 
     @model_validator(mode="after")
     def _check_lanes(self) -> OnnxRunnerSettings:
-        cores = available_cores()
-        if self.lanes is not None and self.workers * self.lanes > cores:
-            raise ValueError(
-                f"workers ({self.workers}) x lanes ({self.lanes}) exceeds the {cores} cores "
-                "available: instances would oversubscribe the CPU"
-            )
+        self.check_cores("lanes", self.lanes)
         if self.lanes not in (None, 1) and self.intra_op_threads is not None:
             raise ValueError(
                 "intra_op_threads applies to a single lane; with several lanes each has one thread"

@@ -20,6 +20,8 @@ from typing import Any, TypeVar
 import aiohttp
 import numpy as np
 import orjson
+from _bentoml_impl.client.proxy2 import map_exception
+from _bentoml_impl.serde import Payload, PickleSerde
 from bentoml.exceptions import BentoMLException
 from pydantic import BaseModel
 
@@ -78,7 +80,8 @@ async def _call(runner: str, send: Callable[[], Awaitable[Any]]) -> Any:
     raise AssertionError("unreachable")
 
 
-PICKLE = "application/vnd.bentoml+pickle"
+_PICKLE = PickleSerde()
+PICKLE = _PICKLE.media_type
 
 
 async def _post(
@@ -88,11 +91,9 @@ async def _post(
     by URL (the client's ``media_type``), BentoML's status-to-exception mapping. What it leaves
     out, per call: validating our own arguments with pydantic before sending them (the runner
     validates them), OpenTelemetry's header propagation (the hot routes are not traced), an
-    async-iterator body, and validating the answer into a model again. Measured in the tokenizer
-    at one client: see loadtests/README.md. bentoml is pinned; tests/unit/test_clients.py pins
-    that the runner reads these calls and that the answers equal BentoML's client's."""
-    from _bentoml_impl.client.proxy2 import map_exception
-
+    async-iterator body, and validating the answer into a model again. bentoml is pinned;
+    tests/unit/test_clients.py pins that the runner reads these calls and that the answers equal
+    BentoML's client's."""
     session = await client._session_manager.get_session()
     pickled = client.media_type == PICKLE
     data = pickle.dumps(body, protocol=5) if pickled else orjson.dumps(body)
@@ -103,20 +104,11 @@ async def _post(
         raw = await resp.read()
         if not pickled:
             return orjson.loads(raw)
-        return _unpickle(raw, resp.headers.get("buffer-lengths"))
-
-
-def _unpickle(raw: bytes, lengths: str | None) -> Any:
-    """BentoML's pickle body: the pickle, then its out-of-band buffers (the arrays' bytes)."""
-    if not lengths:
-        return pickle.loads(raw)
-    sizes = [int(n) for n in lengths.split(",")]
-    view = memoryview(raw)
-    buffers, start = [], sizes[0]
-    for size in sizes[1:]:
-        buffers.append(pickle.PickleBuffer(view[start : start + size]))
-        start += size
-    return pickle.loads(view[: sizes[0]], buffers=buffers)
+        # BentoML's pickle body: the pickle, then its out-of-band buffers (the arrays' bytes).
+        lengths = resp.headers.get("buffer-lengths")
+        return _PICKLE.deserialize_value(
+            Payload((raw,), {"buffer-lengths": lengths} if lengths else {})
+        )
 
 
 def _budget(seconds: float) -> float:

@@ -51,7 +51,6 @@ class Coalescer:
         self.max_inflight = max_inflight
         self.max_tokens = max_tokens
         self._inflight = 0
-        self._last_done = 0.0
         self._tasks: set[asyncio.Task] = set()
 
     async def embed(self, ids: list[list[int]]) -> Embedded:
@@ -82,9 +81,8 @@ class Coalescer:
             fail(batch, exc)
         else:
             done = clock()
-            # Calls overlap: time since the previous answer (or since sending) is what this one cost.
-            self.queue.admission.finished(tokens, done - max(sent, self._last_done))
-            self._last_done = done
+            self.queue.admission.finished(tokens)
+            self.queue.admission.overlapped(tokens, sent, done)  # calls in flight overlap
             for pending in batch:
                 pending.timing.queue_s += result.queue_ms / 1000  # plus the runner's queue
                 pending.timing.inference_s = result.inference_ms / 1000

@@ -17,18 +17,9 @@ from starlette.exceptions import HTTPException
 from starlette.formparsers import MultiPartException
 from starlette.requests import Request
 
-from serving.hot_path import replay
+from serving.hot_path import is_json, media_of, replay
 
 UPLOAD_PATH = "/tenants/upload"
-
-
-def _is_json(content_type: bytes) -> bool:
-    media = content_type.split(b";")[0].strip().lower()
-    return media == b"application/json" or media.endswith(b"+json")
-
-
-def _is_multipart(content_type: bytes) -> bool:
-    return content_type.split(b";")[0].strip().lower() == b"multipart/form-data"
 
 
 class JsonOnly:
@@ -58,13 +49,13 @@ class JsonOnly:
             return
         content_type = next((v for k, v in scope["headers"] if k == b"content-type"), b"")
         if scope["path"] not in self.multipart_paths:
-            if not _is_json(content_type):
+            if not is_json(content_type):
                 await _refuse(send, 415, "unsupported content type: send a JSON body",
                               f"content-type: expected application/json, got {_shown(content_type)}")  # fmt: skip
                 return
             await self.app(scope, receive, send)
             return
-        if not _is_multipart(content_type):
+        if media_of(content_type) != b"multipart/form-data":
             await _refuse(send, 415, "unsupported content type: send a multipart/form-data body",
                           f"content-type: expected multipart/form-data, got {_shown(content_type)}")  # fmt: skip
             return

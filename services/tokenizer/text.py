@@ -22,8 +22,8 @@ class Tokenizers:
         import sentencepiece
 
         # The fast tokenizer's own thread pool would take a second core for a batch; in a server
-        # that core belongs to the engines (bulk: 0.95 vs 0.80 ms of CPU per 32 texts, measured).
-        # Its documented switch, unless the environment already says.
+        # that core belongs to the engines. Its documented switch, unless the environment already
+        # says.
         os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
         self.wordpiece = load_tokenizer(wordpiece_json, max_len)
         self.spm = sentencepiece.SentencePieceProcessor(model_file=str(sentencepiece_model))

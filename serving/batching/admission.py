@@ -17,6 +17,8 @@ from serving.errors import DeadlineExceeded, QueueFull
 # chaos run, served p99 9.3-9.8 s of 10) and a slower stretch expired requests at the deadline,
 # a 503 after 10 s instead of at once.
 PLANNED_SHARE = 0.8
+# Overlapping calls' speed is measured over this much of the instance's time, not per call.
+WINDOW_S = 0.05
 
 
 @dataclass
@@ -27,6 +29,9 @@ class Admission:
     on_shed: Callable[[str], None] = field(default=lambda reason: None, repr=False)
     waiting: int = 0  # tokens admitted, not yet started
     running: int = 0  # tokens started, not yet finished
+    # When the latest overlapping call ended; the tokens and seconds not yet measured (overlapped).
+    _last_done: float = field(default=0.0, init=False, repr=False)
+    _window: tuple[int, float] = field(default=(0, 0.0), init=False, repr=False)
 
     def backlog_s(self) -> float:
         """Seconds of work waiting or running, at the measured speed."""
@@ -71,12 +76,24 @@ class Admission:
         self.waiting -= tokens
         self.running += tokens
 
-    def finished(self, tokens: int, seconds: float | None = None) -> None:
-        """``seconds``: how long the work took, to refine the speed (``measured``)."""
+    def finished(self, tokens: int) -> None:
         self.running -= tokens
-        if seconds:
-            self.measured(tokens, seconds)
 
     def measured(self, tokens: int, seconds: float) -> None:
         """``tokens`` of work done in ``seconds``: the speed's moving average."""
         self.tokens_per_s = 0.8 * self.tokens_per_s + 0.2 * (tokens / max(seconds, 1e-6))
+
+    def overlapped(self, tokens: int, began: float, ended: float) -> None:
+        """``tokens`` of work done from ``began`` to ``ended`` (``clock``) by one of several calls
+        that run at once (a runner's lanes, the tokenizer's calls in flight). The speed to plan
+        with is the instance's, not one call's: a call's share of the time is what passed since
+        the previous call ended (or since it began). Calls that end together share little time
+        each, so the speed is updated per ``WINDOW_S`` of that time rather than per call."""
+        window_tokens, window_s = self._window
+        window_tokens += tokens
+        window_s += max(0.0, ended - max(began, self._last_done))
+        self._last_done = max(self._last_done, ended)
+        if window_s >= WINDOW_S:
+            self.measured(window_tokens, window_s)
+            window_tokens, window_s = 0, 0.0
+        self._window = (window_tokens, window_s)

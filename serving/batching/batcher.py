@@ -9,10 +9,10 @@ engine time.
 
 Lanes (``Lanes``): the engine threads of a runner instance, shared by its batchers (one per model).
 With one lane, calls run one after another on one engine that uses every core of the instance.
-With several, that many calls run at once, each on a single-threaded engine: on two cores, two
-one-thread calls did ~14 % more chat work than one two-thread call (measured in the stack at 64
-users, loadtests/README.md), because a single-threaded call never waits at a barrier for a thread
-that another process has taken the core from. A call that is alone (one call in its round, nothing
+With several, that many calls run at once, each on a single-threaded engine: a single-threaded
+call never waits at a barrier for a thread that another process has taken the core from, and on
+these machines the raw engine itself is faster that way (make bench's raw figures time both
+layouts, loadtests/README.md). A call that is alone (one call in its round, nothing
 running, nothing queued) runs on the batcher's ``solo`` engine instead, which uses every lane's
 core: a lone request is as fast as with one wide lane.
 """
@@ -127,8 +127,6 @@ class Batcher:
         self._task: asyncio.Task | None = None
         self._calls: set[asyncio.Task] = set()
         self._closing = False
-        self._last_done = 0.0  # when this batcher's latest call ended (``clock``)
-        self._window: list[float] = [0, 0.0]  # tokens done, seconds they took, not yet measured
 
     # -- public ---------------------------------------------------------------------------
 
@@ -254,7 +252,7 @@ class Batcher:
                     self.recorder.shed("deadline")
                 fail(late, DeadlineExceeded(1, "deadline passed while queued"))
                 return
-            self._measure(call.real, began, ended)
+            self.admission.overlapped(call.real, began, ended)
             self.recorder.engine_call(
                 len(call.members), call.group.padded_tokens, call.real, ended - began
             )
@@ -267,18 +265,6 @@ class Batcher:
             deliver(call.members, out)
         except Exception as exc:  # a wrong answer from the engine (row count): fail, not hang
             fail(requests, exc)
-
-    def _measure(self, tokens: int, began: float, ended: float) -> None:
-        """The speed admission plans with is the instance's, not one lane's: calls overlap, so a
-        call's share of the time is what passed since the previous call ended (or since it began).
-        Calls that end together share little time each, so the speed is updated per 50 ms of work
-        rather than per call."""
-        self._window[0] += tokens
-        self._window[1] += max(0.0, ended - max(began, self._last_done))
-        self._last_done = max(self._last_done, ended)
-        if self._window[1] >= 0.05:
-            self.admission.measured(*self._window)
-            self._window = [0, 0.0]
 
     def _compute(self, call: _Call, engine: Engine) -> tuple[np.ndarray | None, float, float]:
         """On a lane's thread: pad and run, unless every request of the call has gone or run out

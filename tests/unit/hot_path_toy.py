@@ -15,9 +15,11 @@ import asyncio
 import json
 import pickle
 import sys
+from http import HTTPStatus
 from typing import Any
 
 import bentoml
+from bentoml.exceptions import BentoMLException, NotFound, ServiceUnavailable
 from pydantic import BaseModel
 from starlette.applications import Starlette
 from starlette.requests import Request
@@ -32,8 +34,8 @@ from serving.replies import reply
 from serving.settings import ServiceSettings
 
 ROUTES = [
-    "/model", "/reply", "/refused", "/shed", "/crash", "/slow", "/invalid", "/kwargs",
-    "/context", "/mounted/echo", "/mounted/stream", "/mounted/refused",
+    "/model", "/reply", "/refused", "/shed", "/crash", "/missing", "/forbidden", "/unavailable",
+    "/slow", "/invalid", "/kwargs", "/context", "/mounted/echo", "/mounted/stream", "/mounted/refused",
 ]  # fmt: skip
 BACKGROUND: list[str] = []  # what background tasks ran, in order
 
@@ -76,6 +78,18 @@ class Toy:
     @replies_on_error
     async def shed(self, request: Text, /, ctx: bentoml.Context) -> Upper:
         raise QueueFull(2.5, "queue full")
+
+    @bentoml.api
+    async def missing(self, request: Text, /) -> Upper:
+        raise NotFound(f"no {request.text!r}")  # BentoML's own 4xx: its one-element list body
+
+    @bentoml.api
+    async def forbidden(self, request: Text, /) -> Upper:
+        raise BentoMLException("who are you", error_code=HTTPStatus.UNAUTHORIZED)
+
+    @bentoml.api
+    async def unavailable(self, request: Text, /) -> Upper:
+        raise ServiceUnavailable("down for a moment")
 
     @bentoml.api
     async def crash(self, request: Text, /) -> Upper:
@@ -182,6 +196,11 @@ REQUESTS: list[tuple[str, Any, str]] = [
     ("/model", b"{not json", "application/json"),
     ("/model", {"text": "plain"}, "text/plain"),
     ("/kwargs", {}, "application/json"),
+    # BentoML's own exceptions raised in an API: its 4xx (a one-element list body), its
+    # authorization error and a 5xx (bodies it replaces)
+    ("/missing", {"text": "x"}, "application/json"),
+    ("/forbidden", {"text": "x"}, "application/json"),
+    ("/unavailable", {"text": "x"}, "application/json"),
 ]
 DELEGATED = 4  # the last four: what BentoML itself answers on the lean path too
 

@@ -286,23 +286,6 @@ def test_one_lane_keeps_one_call_in_line_and_drops_it_if_its_caller_goes() -> No
     assert 33 not in engine.seen
 
 
-def test_admission_counts_parallel_lanes_as_the_instance_speed() -> None:
-    """Calls on two lanes each take one lane's time while the other works too: the speed the
-    admission estimate learns is the instance's, not one lane's."""
-    from serving.batching import Lanes
-
-    engine = FakeEngine(delay_s=0.1)
-
-    async def main():
-        batcher = Batcher(engine, Policy(max_batch_rows=1), lanes=Lanes(2), solo=FakeEngine())
-        batcher.admission.tokens_per_s = 40.0  # two tokens per 0.1 s lane call, on two lanes
-        await asyncio.gather(*(batcher.submit([[1, 2]]) for _ in range(12)))
-        await batcher.close()
-        return batcher.tokens_per_s
-
-    assert 30 < run(main()) < 50  # one lane alone would say ~20
-
-
 def test_admission_returns_to_zero_and_close_answers_calls_not_yet_placed() -> None:
     """Closing while a round's later calls wait for a lane: every request is answered (served or
     refused), none left waiting, and the admission's counts return to zero."""

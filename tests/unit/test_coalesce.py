@@ -12,7 +12,6 @@ import pytest
 from services.tokenizer.coalesce import Coalescer, Embedded
 from services.tokenizer.settings import TokenizerSettings
 from serving.batching import Admission, TokenQueue
-from serving.batching.admission import PLANNED_SHARE
 from serving.errors import DeadlineExceeded, QueueFull
 
 
@@ -177,16 +176,3 @@ def test_the_runner_is_given_what_is_left_of_the_tightest_deadline() -> None:
     assert 4.9 < first_budget <= 5.0  # sent at once: nearly the whole budget
     # The merged call went out after waiting ~0.2 s for the first: that wait is not granted again.
     assert merged_budget <= first_budget - 0.15
-
-
-def test_admission_plans_work_to_a_share_of_the_deadline() -> None:
-    """Work ahead past PLANNED_SHARE of the budget is refused at once, even though it would fit
-    the whole budget at the measured speed: the margin absorbs a wrong estimate."""
-    admission = Admission(max_queue_tokens=10_000, deadline_s=1.0, tokens_per_s=1000)
-    admission.admit(500)  # nothing waits: admitted
-    fits = int(1000 * PLANNED_SHARE) - 500
-    admission.admit(fits)  # ends exactly at the planned share
-    with pytest.raises(DeadlineExceeded) as refused:
-        admission.admit(100)  # 0.9 s of work: within the deadline, past the planned share
-    assert refused.value.status == 503
-    assert admission.waiting == 500 + fits  # the refused request is not counted

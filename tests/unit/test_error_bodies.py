@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import json
 
-from services.tokenizer.json_only import _is_json
 from serving.error_bodies import conform
+from serving.hot_path import is_json
 
 
 def test_validation_details_become_one_string_naming_the_fields() -> None:
@@ -44,8 +44,8 @@ def test_what_already_conforms_or_is_not_json_is_left_alone() -> None:
 
 
 def test_json_media_types() -> None:
-    assert _is_json(b"application/json")
-    assert _is_json(b"application/json; charset=utf-8")
-    assert _is_json(b"application/problem+json")
+    assert is_json(b"application/json")
+    assert is_json(b"application/json; charset=utf-8")
+    assert is_json(b"application/problem+json")
     for other in (b"", b"text/plain", b"application/vnd.bentoml+pickle", b"multipart/form-data"):
-        assert not _is_json(other)
+        assert not is_json(other)

@@ -82,8 +82,17 @@ def test_both_paths_answer_alike(lean, full) -> None:
         400,
         200,
         400,
+        404,  # BentoML's NotFound
+        401,  # its authorization error
+        503,  # a BentoML 5xx
     ]
     body = json.loads
+    # BentoML's bodies for its own exceptions, as ConformingErrors leaves them on both paths
+    assert [body(a[1])["error"] for a in mine[-3:]] == [
+        "no 'x'",
+        "Authorization error",
+        "An unexpected error has occurred, please check the server log.",
+    ]
     assert body(mine[0][1]) == {"text": "HELLO", "length": 5} and ["x-seen", "hello"] in mine[0][2]
     assert ["server", "BentoML Service/toy_lean"] in mine[0][2]
     assert ["retry-after", "3"] in mine[4][2] and body(mine[4][1])["retry_after"] == 3

@@ -68,14 +68,54 @@ def test_the_setting_turns_tracing_back_on(target: str) -> None:
     assert not any(excluded(config, path) for path in hot), config.get("tracing")
 
 
-@pytest.mark.parametrize("target", SERVICES)
-def test_every_service_puts_the_lean_path_in_front(target: str) -> None:
-    """Each service's workers answer its untraced routes on the lean path (serving/hot_path.py,
-    whose own tests pin that it answers as BentoML does)."""
+# The routes each service answers on the lean path: its untraced APIs and fixed POST routes.
+# TF Serving's predict route (/v1/models/{name}...:predict) has path parameters: untraced, but
+# answered by BentoML's own stack.
+LEAN = {
+    "services.tokenizer.service:Tokenizer": [
+        "/classify", "/embed", "/inference", "/similarity", "/tokenize", "/v1/embeddings",
+    ],
+    "runners.onnx.service:OnnxRunner": ["/embed"],
+    "runners.tf.service:TFRunner": ["/embed"],
+    "runners.tenants.service:TenantRunner": ["/classify"],
+}  # fmt: skip
+
+
+def lean_routes(target: str, env: dict[str, str]) -> list[str]:
+    """The paths a service's worker app answers on the lean path, as built at its first request
+    (its middlewares built and BentoML's metrics set up, as its lifespan would)."""
     module, name = target.split(":")
-    code = f"from {module} import {name} as s; print(type(s).__name__)"
+    code = f"""
+import json
+from bentoml._internal.server.http.instruments import RunnerTrafficMetricsMiddleware
+from {module} import {name} as service
+app = service.to_asgi(is_main=True)
+layer = app.app.middleware_stack = app.app.build_middleware_stack()
+while layer is not None:
+    if isinstance(layer, RunnerTrafficMetricsMiddleware):
+        layer._setup()
+    layer = getattr(layer, "app", None)
+print(json.dumps([type(app).__name__, sorted(app.routes())]))
+"""
     proc = subprocess.run(
-        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120
-    )
+        [sys.executable, "-c", code], cwd=ROOT, env={**os.environ, **env},
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-2000:]
-    assert proc.stdout.strip().splitlines()[-1] == "HotPathService"
+    kind, routes = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert kind == "HotPath"
+    return routes
+
+
+@pytest.mark.parametrize("target", SERVICES)
+def test_every_service_answers_its_hot_routes_on_the_lean_path(target: str) -> None:
+    """Nothing in a service's config turns the lean path off (max concurrency, CORS, a middleware
+    not declared safe for it): its worker answers these routes there (serving/hot_path.py, whose
+    own tests pin that it answers as BentoML does)."""
+    assert lean_routes(target, {}) == LEAN[target]
+
+
+@pytest.mark.parametrize("target", SERVICES)
+def test_traced_routes_take_bentoml_s_own_path(target: str) -> None:
+    prefix, _ = SERVICES[target]
+    assert lean_routes(target, {f"{prefix}TRACE_REQUESTS": "true"}) == []

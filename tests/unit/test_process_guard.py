@@ -44,3 +44,20 @@ def test_a_worker_orphaned_by_its_arbiter_fails_the_run_and_is_killed(tmp_path: 
     while psutil.pid_exists(worker) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not psutil.pid_exists(worker), "the orphan was named but not killed"
+
+
+def test_a_command_past_its_time_is_stopped_with_its_servers(tmp_path: Path) -> None:
+    """run_tree (how the suite runs the benchmark): past the limit, the command and the "server"
+    it started in a session of its own are killed by PID, then TimeoutExpired is raised."""
+    import pytest
+
+    from loadtests.processes import run_tree
+
+    pidfile = tmp_path / "worker.pid"
+    script = f"setsid sleep 300 & echo $! > {pidfile}; exec sleep 300"
+    with pytest.raises(subprocess.TimeoutExpired):
+        run_tree(["sh", "-c", script], 3)
+    worker = int(pidfile.read_text())
+    assert not psutil.pid_exists(worker) or psutil.Process(worker).status() == psutil.STATUS_ZOMBIE
+    done = run_tree([sys.executable, "-c", "print('ok')"], 30)
+    assert done.returncode == 0 and done.stdout.strip() == "ok"

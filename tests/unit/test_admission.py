@@ -1,0 +1,47 @@
+"""Admission's arithmetic, on given numbers (no clock): what it plans a deadline with, and how it
+learns the speed of calls that overlap."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from serving.batching import Admission
+from serving.batching.admission import PLANNED_SHARE, WINDOW_S
+from serving.errors import DeadlineExceeded
+
+
+def test_work_is_planned_to_a_share_of_the_deadline() -> None:
+    """Work ahead past PLANNED_SHARE of the budget is refused at once, even though it would fit
+    the whole budget at the measured speed: the margin absorbs a wrong estimate."""
+    admission = Admission(max_queue_tokens=10_000, deadline_s=1.0, tokens_per_s=1000)
+    admission.admit(500)  # nothing waits: admitted
+    fits = int(1000 * PLANNED_SHARE) - 500
+    admission.admit(fits)  # ends exactly at the planned share
+    with pytest.raises(DeadlineExceeded) as refused:
+        admission.admit(100)  # 0.9 s of work: within the deadline, past the planned share
+    assert refused.value.status == 503
+    assert admission.waiting == 500 + fits  # the refused request is not counted
+
+
+def test_overlapping_calls_measure_the_instance_speed_not_one_call_s() -> None:
+    """Two calls of 10 tokens on two lanes, 0.25 s each, the second begun halfway through the
+    first: the instance did 20 tokens in 0.375 s. Each call alone says 10 in 0.25 s (40/s); the
+    second's own share of the time is only what passed after the first ended (0.125 s)."""
+    admission = Admission(max_queue_tokens=1000, deadline_s=1, tokens_per_s=40)
+    admission.overlapped(10, 0.0, 0.25)
+    assert admission.tokens_per_s == 40  # its own 0.25 s: 40 tokens/s
+    admission.overlapped(10, 0.125, 0.375)
+    assert admission.tokens_per_s == 0.8 * 40 + 0.2 * (10 / 0.125)
+
+
+def test_calls_ending_together_wait_for_a_whole_window() -> None:
+    """Calls whose own share of the time is tiny are not measured one by one (a 1 ms share would
+    say the instance is 50x faster than it is): the speed moves once WINDOW_S has passed."""
+    admission = Admission(max_queue_tokens=1000, deadline_s=1, tokens_per_s=100)
+    admission.overlapped(10, 0.0, 0.001)
+    admission.overlapped(10, 0.0, 0.002)
+    assert admission.tokens_per_s == 100  # 2 ms of the instance's time: not measured yet
+    admission.overlapped(3, 0.002, 0.002 + WINDOW_S)
+    assert math.isclose(admission.tokens_per_s, 0.8 * 100 + 0.2 * (23 / (0.002 + WINDOW_S)))
