@@ -31,17 +31,36 @@ def test_overlapping_calls_measure_the_instance_speed_not_one_call_s() -> None:
     second's own share of the time is only what passed after the first ended (0.125 s)."""
     admission = Admission(max_queue_tokens=1000, deadline_s=1, tokens_per_s=40)
     admission.overlapped(10, 0.0, 0.25)
-    assert admission.tokens_per_s == 40  # its own 0.25 s: 40 tokens/s
+    assert admission.tokens_per_s == pytest.approx(40)  # its own 0.25 s: 40 tokens/s
     admission.overlapped(10, 0.125, 0.375)
-    assert admission.tokens_per_s == 0.8 * 40 + 0.2 * (10 / 0.125)
+    # the averages of tokens and of seconds (the seed counting as one window at 40/s)
+    work = 0.8 * (0.8 * 40 * WINDOW_S + 0.2 * 10) + 0.2 * 10
+    time = 0.8 * (0.8 * WINDOW_S + 0.2 * 0.25) + 0.2 * 0.125
+    assert admission.tokens_per_s == pytest.approx(work / time)
+    assert admission.tokens_per_s > 40  # faster than one call alone says
+
+
+def test_the_speed_is_a_ratio_of_averages_not_an_average_of_ratios() -> None:
+    """Samples that swing between a tiny and a long share of the time (calls ending together,
+    then a gap) average to the true speed: 100 tokens/s here, whichever sample came last. An
+    average of their rates (1,000/s and ~53/s) would say ~500, then dip after each slow one."""
+    admission = Admission(max_queue_tokens=1000, deadline_s=1, tokens_per_s=100)
+    for _ in range(50):
+        admission.measured(10, 0.01)  # 1,000/s
+        admission.measured(10, 0.19)  # ~53/s
+    assert 90 < admission.tokens_per_s < 110
+    admission.measured(10, 0.19)
+    assert admission.tokens_per_s > 75  # one slow sample moves it, without a dip to its rate
 
 
 def test_calls_ending_together_wait_for_a_whole_window() -> None:
-    """Calls whose own share of the time is tiny are not measured one by one (a 1 ms share would
-    say the instance is 50x faster than it is): the speed moves once WINDOW_S has passed."""
+    """Calls whose own share of the time is tiny are not measured one by one: the speed moves
+    once WINDOW_S of the instance's time has passed."""
     admission = Admission(max_queue_tokens=1000, deadline_s=1, tokens_per_s=100)
     admission.overlapped(10, 0.0, 0.001)
     admission.overlapped(10, 0.0, 0.002)
     assert admission.tokens_per_s == 100  # 2 ms of the instance's time: not measured yet
     admission.overlapped(3, 0.002, 0.002 + WINDOW_S)
-    assert math.isclose(admission.tokens_per_s, 0.8 * 100 + 0.2 * (23 / (0.002 + WINDOW_S)))
+    seconds = 0.002 + WINDOW_S
+    expected = (0.8 * 100 * WINDOW_S + 0.2 * 23) / (0.8 * WINDOW_S + 0.2 * seconds)
+    assert math.isclose(admission.tokens_per_s, expected)
