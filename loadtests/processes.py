@@ -17,6 +17,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.request
 from collections.abc import Sequence
@@ -57,40 +58,35 @@ def run_tree(
     argv: Sequence[str], timeout_s: float, **popen: object
 ) -> subprocess.CompletedProcess[str]:
     """``subprocess.run`` for a command that starts servers of its own (the benchmark): on a
-    timeout, the command and every descendant seen are SIGKILLed by PID and checked gone before
-    ``TimeoutExpired`` is raised, so no server outlives it."""
-    proc = subprocess.Popen(
-        argv,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        **popen,  # type: ignore[call-overload]
-    )
-    seen: dict[int, psutil.Process] = {}
+    timeout, or if waiting fails, the command and every descendant seen are SIGKILLed by PID and
+    checked gone, so no server outlives it. Output goes through files, not pipes: a process that
+    inherited them cannot keep this waiting."""
+    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
+        proc = subprocess.Popen(argv, stdout=out, stderr=err, text=True, **popen)  # type: ignore[call-overload]
+        seen: dict[int, psutil.Process] = {}
 
-    def look() -> None:  # remembered, so a server whose parent died is still stopped
-        with contextlib.suppress(psutil.NoSuchProcess):
-            for child in psutil.Process(proc.pid).children(recursive=True):
-                seen.setdefault(child.pid, child)
+        def look() -> None:  # remembered, so a server whose parent died is still stopped
+            with contextlib.suppress(psutil.NoSuchProcess):
+                for child in psutil.Process(proc.pid).children(recursive=True):
+                    seen.setdefault(child.pid, child)
 
-    deadline = time.monotonic() + timeout_s
-    while True:
-        look()
+        deadline = time.monotonic() + timeout_s
         try:
-            out, err = proc.communicate(timeout=min(5.0, max(0.0, deadline - time.monotonic())))
-            return subprocess.CompletedProcess(argv, proc.returncode, out, err)
-        except subprocess.TimeoutExpired:
-            if time.monotonic() < deadline:
-                continue
+            while proc.poll() is None:
+                look()
+                if time.monotonic() > deadline:
+                    raise subprocess.TimeoutExpired(argv, timeout_s)
+                time.sleep(0.5)
+        except BaseException:
             look()
-            # The command first (it cannot restart anything then, and its dead children are
-            # reaped once re-parented), then its descendants, which hold the pipes open.
-            proc.kill()
+            proc.kill()  # first: it cannot restart anything then
             proc.wait()
             left = stop_processes([p for p in seen.values() if p.is_running()])
-            out, err = proc.communicate()
             assert not left, f"still alive after SIGKILL: {[p.pid for p in left]}"
-            raise subprocess.TimeoutExpired(argv, timeout_s, out, err) from None
+            raise
+        out.seek(0)
+        err.seek(0)
+        return subprocess.CompletedProcess(argv, proc.returncode, out.read(), err.read())
 
 
 def free_port() -> int:

@@ -202,7 +202,9 @@ REQUESTS: list[tuple[str, Any, str]] = [
     ("/forbidden", {"text": "x"}, "application/json"),
     ("/unavailable", {"text": "x"}, "application/json"),
 ]
-DELEGATED = 4  # the last four: what BentoML itself answers on the lean path too
+DELEGATED = (
+    4  # the four after "answers these on both paths": BentoML answers them on the lean path too
+)
 
 
 def answers(service: HotPathService) -> dict[str, Any]:

@@ -341,3 +341,19 @@ def test_a_solo_call_runs_with_nothing_beside_it() -> None:
     run(main())
     assert solo.seen == [5] and sorted(narrow.seen) == [7, 9]  # two calls: the lanes
     assert overlap == [False, False]  # neither ran while the solo call did
+
+
+def test_engine_calls_teach_admission_the_speed() -> None:
+    """Every call the batcher runs is measured (Admission.overlapped): after calls worth more
+    than a window, the speed admission plans with is no longer the seed it started from."""
+    from serving.batching import Lanes
+
+    async def main():
+        batcher = Batcher(
+            FakeEngine(delay_s=0.03), Policy(max_batch_rows=1), lanes=Lanes(2), tokens_per_s=1e6
+        )
+        await asyncio.gather(*(batcher.submit([[1, 2, 3]]) for _ in range(8)))
+        await batcher.close()
+        return batcher.tokens_per_s
+
+    assert run(main()) < 1e6  # ~100 tokens/s measured: far below the seed, whatever the timing
