@@ -283,6 +283,7 @@ def main(argv: list[str] | None = None) -> int:
             "seconds_per_point": args.seconds,
             "repeats": args.repeats,
             "users": list(USERS),
+            "middle": MIDDLE,
             "load_generator": "wrk (loadtests/wrk/bodies.lua)",
             "tenants": TENANTS,
         },

@@ -5,6 +5,8 @@
 1. **Capacity**: bulk requests (32 sentences) from a closed loop of clients; served requests/s.
 2. **Overload**: an open-loop arrival process at 4x that rate. Requests beyond capacity must be
    refused fast (429/503 with Retry-After), admitted ones keep a bounded p99, nothing crashes.
+   An admitted request whose deadline passes while it waits (the stack slowed after admitting
+   it: a 503 whose reason says so) is counted apart, "expired waiting", not as a refusal.
 3. **Recovery**: at half capacity, how long until answers come back at normal latency.
 4. **Kills**: at half capacity, SIGKILL the ONNX runner's worker, then the tokenizer's; the
    supervisor restarts each. Reported: errors by kind, the requests in flight at the kill, the
@@ -54,6 +56,9 @@ class Outcome:
     status: int  # 0: no HTTP answer (connection reset, timeout)
     retry_after: str | None = None
     error: str = ""
+    # A 503 for a request that was admitted and whose deadline passed while it waited (the stack
+    # slowed after admitting it), as against one refused at the door: the server's reason says.
+    expired: bool = False
 
 
 @dataclass
@@ -68,7 +73,8 @@ class Phase:
 
     def summary(self) -> dict:
         ok = [o for o in self.outcomes if o.status == 200]
-        shed = [o for o in self.outcomes if o.status in (429, 503)]
+        shed = [o for o in self.outcomes if o.status in (429, 503) and not o.expired]
+        expired = [o for o in self.outcomes if o.expired]
         other = [o for o in self.outcomes if o.status not in (200, 429, 503)]
         kinds = Counter(f"{o.status} {o.error}".strip() for o in other)
         span = max((o.sent + o.latency_s for o in self.outcomes), default=0) - min(
@@ -83,9 +89,11 @@ class Phase:
             "served_p50_ms": _ms(_quantile([o.latency_s for o in ok], 0.5)),
             "served_p99_ms": _ms(_quantile([o.latency_s for o in ok], 0.99)),
             "refused": len(shed),
-            "refused_without_retry_after": sum(o.retry_after is None for o in shed),
+            "refused_without_retry_after": sum(o.retry_after is None for o in shed + expired),
             "refusal_p50_ms": _ms(_quantile([o.latency_s for o in shed], 0.5)),
             "refusal_p99_ms": _ms(_quantile([o.latency_s for o in shed], 0.99)),
+            "expired": len(expired),
+            "expired_max_ms": _ms(max((o.latency_s for o in expired), default=None)),
             "statuses": dict(sorted(Counter(str(o.status) for o in self.outcomes).items())),
             "server_errors": sum(o.status >= 500 and o.status != 503 for o in self.outcomes),
             "wrong_answers": sum(o.status == -1 for o in self.outcomes),
@@ -94,7 +102,9 @@ class Phase:
             "connections_at_kill": self.connections_at_kill,
             "other_errors": len(other),
             "other_error_kinds": dict(kinds.most_common()),
-            "slowest_failure_ms": _ms(max((o.latency_s for o in shed + other), default=None)),
+            "slowest_failure_ms": _ms(
+                max((o.latency_s for o in shed + expired + other), default=None)
+            ),
         }
 
 
@@ -161,6 +171,7 @@ class Load:
             resp = await self.client.post("/embed", json={"texts": texts})
             outcome = Outcome(sent, time.monotonic() - sent, resp.status_code)
             outcome.retry_after = resp.headers.get("retry-after")
+            outcome.expired = resp.status_code == 503 and "deadline passed" in resp.text
             if resp.status_code == 200 and (why := self.wrong(texts, resp.json()["embeddings"])):
                 outcome.status, outcome.error = -1, f"wrong answer: {why}"
             elif resp.status_code not in (200, 429, 503):
@@ -322,13 +333,13 @@ async def run(url: str, server: Server | None, seconds: float) -> dict:
 
 def render(report: dict) -> str:
     lines = [
-        "| phase | offered/s | statuses | served/s | served p99 ms | refused | refusal p99 ms | no Retry-After | in flight at kill | other errors | slowest failure ms |",
-        "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| phase | offered/s | statuses | served/s | served p99 ms | refused | refusal p99 ms | expired waiting | no Retry-After | in flight at kill | other errors | slowest failure ms |",
+        "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for p in report["phases"]:
         lines.append(
             f"| {p['phase']} | {p['offered_per_s']} | {p['statuses']} | {p['served_per_s']} | {p['served_p99_ms']} "
-            f"| {p['refused']} | {p['refusal_p99_ms']} | {p['refused_without_retry_after']} | {p['inflight_at_kill'] if p['inflight_at_kill'] is not None else ''} "
+            f"| {p['refused']} | {p['refusal_p99_ms']} | {p['expired']} | {p['refused_without_retry_after']} | {p['inflight_at_kill'] if p['inflight_at_kill'] is not None else ''} "
             f"| {p['other_errors']} {p['other_error_kinds'] or ''} | {p['slowest_failure_ms']} |"
         )
     lines.append(f"\nrecovery after overload: {report['recovery_after_overload_s']} s")
