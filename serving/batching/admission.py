@@ -17,8 +17,8 @@ from serving.errors import DeadlineExceeded, QueueFull
 # chaos run, served p99 9.3-9.8 s of 10) and a slower stretch expired requests at the deadline,
 # a 503 after 10 s instead of at once (served p99 8.5-8.7 s at 0.9; `pytest tests/e2e/test_chaos.py
 # -s` prints it). Not lower: bulk at 64 users (2,048 sentences in flight) waits ~7 s of 10 on two
-# cores, and at 0.8 (with the average of rates measured() replaced) 901 of its requests were
-# refused in a benchmark run.
+# cores, and at 0.8 (with the average of per-call rates measured() used before) 901 of its
+# requests were refused in a benchmark run.
 PLANNED_SHARE = 0.9
 # Overlapping calls' speed is measured over this much of the instance's time, not per call.
 WINDOW_S = 0.05
