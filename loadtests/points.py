@@ -68,6 +68,9 @@ class Point:
     loadgen_cpu_share: float  # the load generator's CPU seconds / (wall seconds x cores)
     cpu_ms_per_request: dict[str, dict[str, float]] = field(default_factory=dict)
     encoding: str = ""  # the vectors' encoding asked for ("": the default, float)
+    # Servers restarted just before this point: they had not worked off an earlier point's queue
+    # (loadtests.bench.settle); the report counts them.
+    restarted: list[str] = field(default_factory=list)
 
 
 def bodies(workload: str, backend: str, encoding: str = "") -> Path:
@@ -100,6 +103,7 @@ def point(
     repeat: int = 0,
     backend: str = "",
     encoding: str = "",
+    restarted: list[str] | None = None,
 ) -> Point:
     path = "/classify" if workload == CLASSIFY else "/embed"
     before = cpu.snapshot([server.process(), *server.descendants()])
@@ -122,12 +126,14 @@ def point(
         loadgen_cpu_share=load.loadgen_cpu_s / (load.seconds * loadgen.cores()),
         cpu_ms_per_request=cpu.per_request(before, after, load.ok),
         encoding=encoding,
+        restarted=list(restarted or []),
     )
 
 
-def drain(url: str, timeout_s: float = 120) -> float:
+def drain(url: str, timeout_s: float = 120) -> bool:
     """Wait until the server has worked off what the last point left queued (a client that stops
-    does not take back the requests it had sent): a one-sentence request must answer in 0.5 s."""
+    does not take back the requests it had sent): a one-sentence request must answer in 0.5 s.
+    False if none did within ``timeout_s``."""
     started = time.monotonic()
     while time.monotonic() - started < timeout_s:
         sent = time.monotonic()
@@ -141,8 +147,8 @@ def drain(url: str, timeout_s: float = 120) -> float:
                 timeout=30,
             ) as resp:
                 if resp.status == 200 and time.monotonic() - sent < 0.5:
-                    return time.monotonic() - started
+                    return True
         except OSError:
             pass
         time.sleep(0.5)
-    return time.monotonic() - started
+    return False

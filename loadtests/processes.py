@@ -116,9 +116,9 @@ class Server:
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
-    def start(self, timeout_s: float = 180) -> Server:
+    def start(self, timeout_s: float = 180, append: bool = False) -> Server:
         self.log.parent.mkdir(parents=True, exist_ok=True)
-        with self.log.open("wb") as out:
+        with self.log.open("ab" if append else "wb") as out:
             self.proc = subprocess.Popen(
                 self.argv,
                 cwd=ROOT,
@@ -177,6 +177,13 @@ class Server:
             raise RuntimeError(
                 f"processes of {self.argv[:3]} survived SIGKILL: {[p.pid for p in left]}"
             )
+
+    def restart(self, timeout_s: float = 180) -> Server:
+        """Stop (every descendant by PID, checked gone) and start again on the same port, the log
+        kept."""
+        self.stop()
+        self._seen.clear()
+        return self.start(timeout_s, append=True)
 
     def kill(self) -> list[int]:
         """A crash, not a shutdown: SIGKILL the server and every descendant by PID, reap them, and

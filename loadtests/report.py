@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import statistics
 import sys
-from collections import defaultdict
+from collections import Counter, defaultdict
 from dataclasses import asdict
 from pathlib import Path
 
@@ -36,7 +36,11 @@ __all__ = [
     "backend_of",
     "holds_back",
     "markdown",
+    "middle_of",
     "plot",
+    "readme_block",
+    "readme_figures",
+    "restarts",
     "results",
     "served_rows",
     "update_readme",
@@ -44,6 +48,14 @@ __all__ = [
 
 README = ROOT / "loadtests" / "README.md"
 BEGIN, END = "<!-- bench:begin -->", "<!-- bench:end -->"
+
+
+def middle_of(meta: dict) -> int:
+    """The load a run checks its targets at, as the run recorded it: a recorded run renders the
+    same whatever this process's environment (BENCH_QUICK changes MIDDLE)."""
+    if "middle" in meta:
+        return int(meta["middle"])
+    return MIDDLE if MIDDLE in meta["users"] else max(meta["users"])
 
 
 def backend_of(system: str) -> str:
@@ -205,10 +217,19 @@ def results(
             ),
         ),
         "ratios": ratio_rows,
-        "targets": targets(rows, ratio_rows, meta["users"]),
+        "targets": targets(rows, ratio_rows, meta["users"], middle_of(meta)),
         "points": [asdict(p) for p in points],
+        # Servers restarted before a point, having not worked off the last one's queue (bench.settle).
+        "restarts": restarts(
+            [*points, *(wire[0] if wire else []), *(tenants or []), *(paths or [])]
+        ),
         **extra,
     }
+
+
+def restarts(points: list[Point]) -> dict[str, int]:
+    """How many points each server was restarted before (loadtests.bench.settle), by name."""
+    return dict(sorted(Counter(name for p in points for name in p.restarted).items()))
 
 
 def served_rows(results: dict) -> list[dict]:
@@ -255,7 +276,7 @@ def where_time_goes(results: dict) -> list[str]:
     against the raw engine's (all of the machine's cores for the raw rate): what bounds each
     ratio the targets name."""
     cores = results["meta"]["cores"]
-    users = MIDDLE if MIDDLE in results["meta"]["users"] else max(results["meta"]["users"])
+    users = middle_of(results["meta"])
     lines = [
         "",
         f"Where the CPU goes, per sentence at {users} users (ms; engine: the engine's threads; "
@@ -304,7 +325,7 @@ def holds_back(results: dict) -> list[str]:
     computed from the same rows: the profile the issue asks for beside each miss."""
     meta, raw = results["meta"], results["raw"]
     users = sorted(meta["users"])
-    middle = MIDDLE if MIDDLE in users else users[-1]
+    middle = middle_of(meta)
     cores = meta["cores"]
     at = {(r["system"], r["workload"], r["users"]): r for r in results["rows"]}
 
@@ -408,7 +429,7 @@ def holds_back(results: dict) -> list[str]:
         "failures": failures,
         "loadgen": loadgen,
     }
-    missed = [t for t in targets(results["rows"], results["ratios"], users) if not t["met"]]
+    missed = [t for t in targets(results["rows"], results["ratios"], users, middle) if not t["met"]]
     if not missed:
         return []
     lines = ["", "What holds each missed target back (CPU ms, from the rows above):", ""]
@@ -446,6 +467,14 @@ def markdown(results: dict) -> str:
             f"| {r['workload']} | {r['users']} | {r['system']} | {r['sentences_per_s']:.0f} [{r['spread'][0]:.0f}, {r['spread'][1]:.0f}] "
             f"| {r['sentences_per_s'] / limit:.2f} | {versus} | {r['p50_ms']:.1f} | {r['p99_ms']:.0f} | {r['failures']} | {r['shed']} | {_cpu_cell(r)} |"
         )
+    if restarted := results.get("restarts"):
+        lines += [
+            "",
+            "Servers restarted before a point because they had not worked off the previous "
+            f"point's queue in {meta.get('settle_s', '?')} s (the point measured a fresh process): "
+            + ", ".join(f"{name} {n}x" for name, n in restarted.items())
+            + ".",
+        ]
     if (wire := results.get("encoding")) and "base64_over_float" in wire:
         share = wire["base64_over_float"]
         lines += [
@@ -494,7 +523,7 @@ def markdown(results: dict) -> str:
         ]
     lines += where_time_goes(results)
     # Checked again from the rows, so a recorded run renders with today's targets and keys.
-    checks = targets(results["rows"], results["ratios"], sorted(meta["users"]))
+    checks = targets(results["rows"], results["ratios"], sorted(meta["users"]), middle_of(meta))
     lines += ["", "| target | met | measured |", "|---|---|---|"]
     lines += [
         f"| {t['target']} | {'yes' if t['met'] else '**no**'} | {t['measured']} |" for t in checks
@@ -503,21 +532,31 @@ def markdown(results: dict) -> str:
     return "\n".join(lines)
 
 
-def update_readme(recorded: Path) -> None:
-    """Replace the figures between the markers in loadtests/README.md with those of ``recorded``."""
+def readme_block(recorded: Path) -> str:
+    """loadtests/README.md's figures (markers included) as ``recorded``, a results JSON, gives them."""
     import json
 
     data = json.loads(recorded.read_text())
     meta = data["meta"]
-    block = (
+    return (
         f"{BEGIN}\n<!-- generated by `make bench` (python -m loadtests.report {recorded.relative_to(ROOT)}); do not edit -->\n"
         f"### Measured {meta['date'][:10]}, {meta['machine']}, Python {meta['python']}, commit {meta['commit']}\n\n"
         f"Source: [`{recorded.relative_to(ROOT / 'loadtests')}`]({recorded.relative_to(ROOT / 'loadtests')}); load generator: {meta['load_generator']}.\n\n"
         f"{markdown(data)}\n{END}"
     )
+
+
+def readme_figures() -> str:
+    """The figures now between the markers in loadtests/README.md (markers included)."""
+    text = README.read_text()
+    return text[text.index(BEGIN) : text.index(END) + len(END)]
+
+
+def update_readme(recorded: Path) -> None:
+    """Replace the figures between the markers in loadtests/README.md with those of ``recorded``."""
     text = README.read_text()
     start, end = text.index(BEGIN), text.index(END) + len(END)
-    README.write_text(text[:start] + block + text[end:])
+    README.write_text(text[:start] + readme_block(recorded) + text[end:])
 
 
 if __name__ == "__main__":

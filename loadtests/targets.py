@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from loadtests.points import FASTAPI, INT8, MIDDLE, STACK
+from loadtests.points import FASTAPI, INT8, STACK
 
 # Per-request CPU targets at the middle point of chat (one sentence per request).
 TOKENIZER_MS, RUNNER_SERVING_MS, LOADGEN_SHARE = 0.3, 0.1, 0.05
@@ -14,8 +14,8 @@ def _row(rows: list[dict], system: str, workload: str, users: int) -> dict:
     )
 
 
-def targets(rows: list[dict], ratio_rows: list[dict], users: list[int]) -> list[dict]:
-    middle = MIDDLE if MIDDLE in users else users[-1]
+def targets(rows: list[dict], ratio_rows: list[dict], users: list[int], middle: int) -> list[dict]:
+    """``middle``: the load the ratios are checked at; ``users``: every load of the run."""
     at = {(r["workload"], r["users"]): r for r in ratio_rows}
     chat, bulk = at[("chat", middle)], at[("bulk", middle)]
 

@@ -3,8 +3,8 @@ in the explanation are the quotients and sums of those rows, and a met target is
 
 from __future__ import annotations
 
-from loadtests.points import FASTAPI, HANDWRITTEN, INT8, NAIVE, NOBATCH, STACK
-from loadtests.report import holds_back, markdown, ratios
+from loadtests.points import FASTAPI, HANDWRITTEN, INT8, NAIVE, NOBATCH, STACK, Point
+from loadtests.report import holds_back, markdown, ratios, restarts
 
 USERS = [1, 64]
 
@@ -83,3 +83,18 @@ def test_a_target_whose_rows_are_missing_is_said_so() -> None:
     partial["ratios"] = ratios(partial["rows"], partial["raw"])
     lines = [line for line in holds_back(partial) if "int8 >= 1.5x" in line]
     assert len(lines) == 1 and "not explained: the rows it needs were not measured" in lines[0]
+
+
+def test_servers_restarted_before_points_are_counted_and_said() -> None:
+    def at(restarted: list[str]) -> Point:
+        return Point(STACK, "chat", 1, 0, 1.0, 1.0, 1.0, 1.0, 1, 0, 0, 0.01, restarted=restarted)
+
+    counted = restarts([at([NAIVE]), at([]), at([NAIVE, FASTAPI])])
+    assert counted == {FASTAPI: 1, NAIVE: 2}
+    run = {**results(), "restarts": counted}
+    run["meta"] = {**run["meta"], "settle_s": 60}
+    assert (
+        f"previous point's queue in 60 s (the point measured a fresh process): {FASTAPI} 1x, {NAIVE} 2x."
+        in markdown(run)
+    )
+    assert "Servers restarted" not in markdown(results())  # none, or a run recorded before
