@@ -16,7 +16,8 @@ store, ``make tenants``) against a whole model per tenant (a second graph on the
 tenants-mixed``, under the tenant runner's memory budget).
 Every server runs for the whole benchmark and the points are interleaved: for each repeat, each
 workload and user count, every system in turn, so a noisy minute is shared by all; before each
-point every server is drained. Each point
+point every server is drained, and one that has not worked off its queue in SETTLE_S is restarted
+(the results count the restarts by server). Each point
 records, per server process, the CPU it spent per request (cpu.py). Medians and spreads over the
 repeats make the table. Writes build/bench/results.json, results.md and a PNG per workload; a full
 run (not quick) also records loadtests/results/DATE.json and regenerates the figures of
@@ -120,14 +121,19 @@ def settle(running: dict[str, Server], timeout_s: float = SETTLE_S) -> list[str]
     off the backlog of its last point would take the cores from this one. One that has not within
     ``timeout_s`` is restarted (stopped by PID with its descendants, started on the same port), and
     its name returned for the point to record. A restart is faster than waiting out a one-at-a-time
-    server's backlog, and the only way out for BentoML's adaptive-batching dispatcher (the naive
-    baseline's), which holds a queue while n x the newest request's wait is below 0.95 x the mean
-    wait of its last 50 batches: after bulk at 64 users it held every lone one-sentence request
-    16 to 24 s, for the 37 minutes until that run was stopped (build/bench/logs/naive.log)."""
+    server's backlog, and it resets BentoML's adaptive-batching dispatcher (the naive baseline's),
+    which holds its queue while n x (the newest request's wait + its per-item estimate) is below
+    0.95 x the mean wait of its last 50 batches: after an overload, a lone request waits about as
+    long as the overloaded batches did. In a full run on 2026-11-24 it held each one-sentence
+    drain request 2 to 7 s after its bulk point at 16 users, 16 to 24 s after the one at 64, until
+    the run was stopped 37 minutes later. A server that has exited is not restarted: the run stops
+    with its log."""
     restarted = []
     for name, server in running.items():
         if drain(server.url, timeout_s):
             continue
+        if server.proc is not None and server.proc.poll() is not None:
+            raise RuntimeError(f"{name} exited with {server.proc.returncode}:\n{server.tail()}")
         print(f"  {name} had not worked off its queue in {timeout_s:.0f} s: restarted", flush=True)
         server.restart()
         restarted.append(name)

@@ -134,8 +134,8 @@ def drain(url: str, timeout_s: float = 120) -> bool:
     """Wait until the server has worked off what the last point left queued (a client that stops
     does not take back the requests it had sent): a one-sentence request must answer in 0.5 s.
     False if none did within ``timeout_s``."""
-    started = time.monotonic()
-    while time.monotonic() - started < timeout_s:
+    deadline = time.monotonic() + timeout_s
+    while (left := deadline - time.monotonic()) > 0:
         sent = time.monotonic()
         try:
             with urllib.request.urlopen(
@@ -144,7 +144,7 @@ def drain(url: str, timeout_s: float = 120) -> bool:
                     data=b'{"texts": ["drain"]}',
                     headers={"content-type": "application/json"},
                 ),
-                timeout=30,
+                timeout=max(1.0, min(30.0, left)),
             ) as resp:
                 if resp.status == 200 and time.monotonic() - sent < 0.5:
                     return True

@@ -470,10 +470,9 @@ def markdown(results: dict) -> str:
     if restarted := results.get("restarts"):
         lines += [
             "",
-            "Servers restarted before a point because they had not worked off the previous "
-            f"point's queue in {meta.get('settle_s', '?')} s (the point measured a fresh process): "
-            + ", ".join(f"{name} {n}x" for name, n in restarted.items())
-            + ".",
+            "Servers restarted between points because they had not worked off their queue in "
+            f"{meta.get('settle_s', '?')} s (bench.settle; the next point of each measured a fresh "
+            "process): " + ", ".join(f"{name} {n}x" for name, n in restarted.items()) + ".",
         ]
     if (wire := results.get("encoding")) and "base64_over_float" in wire:
         share = wire["base64_over_float"]

@@ -1,7 +1,7 @@
 """loadtests/README.md's figures are the recorded benchmark run's: the block between its markers is
 the newest loadtests/results/DATE.json as the report renders it (no figures while none is
-recorded), and every recorded run is a full one (not quick, at least 3 repeats, every point of
-every repeat) with no served figure above its raw limit."""
+recorded), and every recorded run is a full one (not quick, at least 3 repeats, each row of the
+systems' table a median over every repeat) with no served figure above its raw limit."""
 
 from __future__ import annotations
 

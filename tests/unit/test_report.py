@@ -4,7 +4,7 @@ in the explanation are the quotients and sums of those rows, and a met target is
 from __future__ import annotations
 
 from loadtests.points import FASTAPI, HANDWRITTEN, INT8, NAIVE, NOBATCH, STACK, Point
-from loadtests.report import holds_back, markdown, ratios, restarts
+from loadtests.report import holds_back, markdown, middle_of, ratios, restarts
 
 USERS = [1, 64]
 
@@ -93,8 +93,15 @@ def test_servers_restarted_before_points_are_counted_and_said() -> None:
     assert counted == {FASTAPI: 1, NAIVE: 2}
     run = {**results(), "restarts": counted}
     run["meta"] = {**run["meta"], "settle_s": 60}
-    assert (
-        f"previous point's queue in 60 s (the point measured a fresh process): {FASTAPI} 1x, {NAIVE} 2x."
-        in markdown(run)
-    )
+    text = markdown(run)
+    assert "had not worked off their queue in 60 s" in text
+    assert f"process): {FASTAPI} 1x, {NAIVE} 2x." in text
     assert "Servers restarted" not in markdown(results())  # none, or a run recorded before
+
+
+def test_a_recorded_run_renders_at_its_own_middle_load() -> None:
+    assert middle_of({"middle": 16, "users": [1, 16, 64]}) == 16
+    assert middle_of({"users": [1, 64, 160]}) == 64  # a run recorded before it said (a full run)
+    run = results()
+    run["meta"] = {**run["meta"], "middle": 1}
+    assert "per sentence at 1 users" in markdown(run)

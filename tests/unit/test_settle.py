@@ -12,12 +12,15 @@ from loadtests.bench import settle
 from loadtests.processes import Server, free_port
 
 # A one-endpoint server that answers /embed in 1 s in its first life when told "slow-first", in
-# every life when told "slow", at once otherwise; it counts its lives in a file.
+# every life when told "slow", at once otherwise. It counts its lives in a file, says which life
+# it is in its log, and starts a child in a session of its own, as BentoML's workers are.
 TOY = """
-import http.server, pathlib, sys, time
+import http.server, pathlib, subprocess, sys, time
 lives = pathlib.Path(sys.argv[2])
 life = int(lives.read_text()) + 1 if lives.exists() else 1
 lives.write_text(str(life))
+print(f"life {life}", flush=True)
+worker = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"], start_new_session=True)
 slow = sys.argv[3] == "slow" or (sys.argv[3] == "slow-first" and life == 1)
 
 class Handler(http.server.BaseHTTPRequestHandler):
@@ -56,17 +59,29 @@ def test_a_server_that_does_not_drain_is_restarted_and_named(tmp_path: Path) -> 
         toy(tmp_path, "fast", "never"),
     )
     with slow, fast:
-        first = slow.process()
+        first = [slow.process(), *slow.descendants()]
+        assert len(first) == 2  # the server and its worker
         assert settle({"slow": slow, "fast": fast}, timeout_s=2) == ["slow"]
-        assert not first.is_running(), "the first life was not stopped"
-        assert slow.process().pid != first.pid and slow.url.endswith(f":{slow.port}")
+        assert not any(p.is_running() for p in first), "the first life was not stopped"
+        assert slow.process().pid != first[0].pid
         assert (slow_lives.read_text(), fast_lives.read_text()) == ("2", "1")
+        assert slow.log.read_text().split() == ["life", "1", "life", "2"]  # kept, appended to
         assert settle({"slow": slow, "fast": fast}, timeout_s=2) == []  # drained now
 
 
 def test_a_server_still_slow_after_its_restart_stops_the_run(tmp_path: Path) -> None:
     slow, lives = toy(tmp_path, "slow", "slow")
-    with slow, pytest.raises(RuntimeError, match="slow still slow after a restart"):
-        settle({"slow": slow}, timeout_s=2)
-    assert lives.read_text() == "2"
+    with slow:
+        with pytest.raises(RuntimeError, match="slow still slow after a restart"):
+            settle({"slow": slow}, timeout_s=2)
+        assert lives.read_text() == "2"
     assert slow.proc is not None and slow.proc.poll() is not None and not slow.descendants()
+
+
+def test_a_server_that_exited_is_not_restarted(tmp_path: Path) -> None:
+    fast, lives = toy(tmp_path, "fast", "never")
+    with fast:
+        fast.kill()
+        with pytest.raises(RuntimeError, match="fast exited with -9"):
+            settle({"fast": fast}, timeout_s=2)
+    assert lives.read_text() == "1"
