@@ -7,6 +7,7 @@ the benchmark, its report and the tests share them.
 
 from __future__ import annotations
 
+import http.client
 import os
 import time
 import urllib.request
@@ -133,7 +134,8 @@ def point(
 def drain(url: str, timeout_s: float = 120) -> bool:
     """Wait until the server has worked off what the last point left queued (a client that stops
     does not take back the requests it had sent): a one-sentence request must answer in 0.5 s.
-    False if none did within ``timeout_s``."""
+    False if none did within ``timeout_s``. A request's socket waits are cut at the deadline
+    (urllib's timeout bounds each connect and read, not the whole request)."""
     deadline = time.monotonic() + timeout_s
     while (left := deadline - time.monotonic()) > 0:
         sent = time.monotonic()
@@ -144,11 +146,11 @@ def drain(url: str, timeout_s: float = 120) -> bool:
                     data=b'{"texts": ["drain"]}',
                     headers={"content-type": "application/json"},
                 ),
-                timeout=max(1.0, min(30.0, left)),
+                timeout=min(30.0, left),
             ) as resp:
                 if resp.status == 200 and time.monotonic() - sent < 0.5:
                     return True
-        except OSError:
+        except (OSError, http.client.HTTPException):  # refused, reset, timed out, cut short
             pass
-        time.sleep(0.5)
+        time.sleep(max(0.0, min(0.5, deadline - time.monotonic())))
     return False

@@ -129,7 +129,9 @@ class Server:
             )
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
+            self.descendants()  # remembered now: a server that dies while starting orphans them
             if self.proc.poll() is not None:
+                self.stop()  # the workers it had started, by the PIDs seen
                 raise RuntimeError(
                     f"{self.argv[:3]} exited with {self.proc.returncode}:\n{self.tail()}"
                 )

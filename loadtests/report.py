@@ -19,7 +19,6 @@ from loadtests.points import (
     HANDWRITTEN,
     HEADS,
     INT8,
-    MIDDLE,
     MODELS,
     NAIVE,
     NOBATCH,
@@ -36,7 +35,6 @@ __all__ = [
     "backend_of",
     "holds_back",
     "markdown",
-    "middle_of",
     "plot",
     "readme_block",
     "readme_figures",
@@ -48,14 +46,6 @@ __all__ = [
 
 README = ROOT / "loadtests" / "README.md"
 BEGIN, END = "<!-- bench:begin -->", "<!-- bench:end -->"
-
-
-def middle_of(meta: dict) -> int:
-    """The load a run checks its targets at, as the run recorded it: a recorded run renders the
-    same whatever this process's environment (BENCH_QUICK changes MIDDLE)."""
-    if "middle" in meta:
-        return int(meta["middle"])
-    return MIDDLE if MIDDLE in meta["users"] else max(meta["users"])
 
 
 def backend_of(system: str) -> str:
@@ -98,6 +88,18 @@ def aggregate(points: list[Point]) -> list[dict]:
             }
         )
     return rows
+
+
+def table(points: list[Point]) -> list[dict]:
+    """The systems' rows (``aggregate``) in the table's order: workload, users, system."""
+    return sorted(
+        aggregate(points),
+        key=lambda r: (
+            list(WORKLOADS).index(r["workload"]),
+            r["users"],
+            SYSTEMS.index(r["system"]),
+        ),
+    )
 
 
 def ratios(rows: list[dict], raw: dict) -> list[dict]:
@@ -198,7 +200,7 @@ def results(
     """``wire``: the stack's bulk points by vector encoding, and the mean response size of each;
     ``tenants``: the /classify points of both tenant forms; ``paths``: chat points of the stack
     and of the same graph on BentoML's own path."""
-    rows = aggregate(points)
+    rows = table(points)
     ratio_rows = ratios(rows, raw)
     extra = {"encoding": encoding(*wire)} if wire else {}
     if tenants:
@@ -208,16 +210,9 @@ def results(
     return {
         "meta": meta,
         "raw": raw,
-        "rows": sorted(
-            rows,
-            key=lambda r: (
-                list(WORKLOADS).index(r["workload"]),
-                r["users"],
-                SYSTEMS.index(r["system"]),
-            ),
-        ),
+        "rows": rows,
         "ratios": ratio_rows,
-        "targets": targets(rows, ratio_rows, meta["users"], middle_of(meta)),
+        "targets": targets(rows, ratio_rows, meta["users"], meta["middle"]),
         "points": [asdict(p) for p in points],
         # Servers restarted before a point, having not worked off the last one's queue (bench.settle).
         "restarts": restarts(
@@ -276,7 +271,7 @@ def where_time_goes(results: dict) -> list[str]:
     against the raw engine's (all of the machine's cores for the raw rate): what bounds each
     ratio the targets name."""
     cores = results["meta"]["cores"]
-    users = middle_of(results["meta"])
+    users = results["meta"]["middle"]
     lines = [
         "",
         f"Where the CPU goes, per sentence at {users} users (ms; engine: the engine's threads; "
@@ -325,7 +320,7 @@ def holds_back(results: dict) -> list[str]:
     computed from the same rows: the profile the issue asks for beside each miss."""
     meta, raw = results["meta"], results["raw"]
     users = sorted(meta["users"])
-    middle = middle_of(meta)
+    middle = meta["middle"]
     cores = meta["cores"]
     at = {(r["system"], r["workload"], r["users"]): r for r in results["rows"]}
 
@@ -444,12 +439,25 @@ def holds_back(results: dict) -> list[str]:
     return lines
 
 
+def took(meta: dict) -> str:
+    """ " The run took N minutes …", from start to end as recorded ("" for a run that did not
+    record its start)."""
+    import datetime as dt
+
+    if "started" not in meta:
+        return ""
+    minutes = (
+        dt.datetime.fromisoformat(meta["date"]) - dt.datetime.fromisoformat(meta["started"])
+    ).total_seconds() / 60
+    return f" The run took {minutes:.0f} minutes (raw sweep, servers' start and every point)."
+
+
 def markdown(results: dict) -> str:
     raw, meta = results["raw"], results["meta"]
     lines = [
         f"Raw engine, in process: fp32 {raw['fp32']['sentences_per_s']:.0f} sentences/s (best plan: {raw['fp32']['plan']}), "
         f"int8 {raw['int8']['sentences_per_s']:.0f} ({raw['int8']['plan']}). {meta['repeats']} repeats of {meta['seconds_per_point']:.0f} s a point, "
-        f"interleaved; medians, with the spread [min, max] of sentences/s.",
+        f"interleaved; medians, with the spread [min, max] of sentences/s.{took(meta)}",
         "",
         "| workload | users | system | sentences/s [spread] | served/raw | stack ÷ this | p50 ms | p99 ms | failed | shed | CPU ms per request: main + other threads |",
         "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---|",
@@ -522,7 +530,7 @@ def markdown(results: dict) -> str:
         ]
     lines += where_time_goes(results)
     # Checked again from the rows, so a recorded run renders with today's targets and keys.
-    checks = targets(results["rows"], results["ratios"], sorted(meta["users"]), middle_of(meta))
+    checks = targets(results["rows"], results["ratios"], sorted(meta["users"]), meta["middle"])
     lines += ["", "| target | met | measured |", "|---|---|---|"]
     lines += [
         f"| {t['target']} | {'yes' if t['met'] else '**no**'} | {t['measured']} |" for t in checks
