@@ -22,7 +22,9 @@ records, per server process, the CPU it spent per request (cpu.py). Medians and 
 repeats make the table. Writes build/bench/results.json, results.md and a PNG per workload; a full
 run (not quick) also records loadtests/results/DATE.json and regenerates the figures of
 loadtests/README.md from it (``--no-record`` skips that).
-Exits 1 if a served figure is above its backend's raw limit (the limit would be wrong).
+Exits 1 if a served figure is above its backend's raw limit (the limit would be wrong), and records
+nothing then. If the run stops with an error, the points measured so far are in
+build/bench/partial.json.
 """
 
 from __future__ import annotations
@@ -126,10 +128,9 @@ def settle(running: dict[str, Server], timeout_s: float = SETTLE_S) -> list[str]
     server's backlog, and it resets BentoML's adaptive-batching dispatcher (the naive baseline's),
     which holds its queue while n x (the newest request's wait + its per-item estimate) is below
     0.95 x the mean wait of its last 50 batches: after an overload, a lone request waits about as
-    long as the overloaded batches did. In a full run on 2026-11-24 it held each one-sentence
-    drain request 2 to 7 s after its bulk point at 16 users, 16 to 24 s after the one at 64, until
-    the run was stopped 37 minutes later. A server that has exited is not restarted: the run stops
-    with its log."""
+    long as the overloaded batches did (seconds to tens of seconds, in the naive baseline's log of a
+    full run, for the half hour until that run was stopped). A server that has exited is not
+    restarted: the run stops with its log."""
     restarted = []
     for name, server in running.items():
         exited(name, server)

@@ -482,6 +482,19 @@ def markdown(results: dict) -> str:
             f"{meta.get('settle_s', '?')} s (bench.settle; the next point of each measured a fresh "
             "process): " + ", ".join(f"{name} {n}x" for name, n in restarted.items()) + ".",
         ]
+    silent = [
+        r
+        for r in results["rows"]
+        if not r["sentences_per_s"] and not r["failures"] and not r["shed"]
+    ]
+    if silent:
+        lines += [
+            "",
+            "No answer within the point (no request failed: every connection's request was still "
+            "waiting when the point ended): "
+            + ", ".join(f"{r['system']}, {r['workload']} at {r['users']} users" for r in silent)
+            + ".",
+        ]
     if (wire := results.get("encoding")) and "base64_over_float" in wire:
         share = wire["base64_over_float"]
         lines += [

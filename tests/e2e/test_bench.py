@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import math
 import os
@@ -45,6 +46,27 @@ def results(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict, Path]:
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "| workload | users | system |" in proc.stdout
     return json.loads((out / "results.json").read_text()), out
+
+
+def all_processes(row: dict) -> float:
+    """CPU ms per request of every process of a row's server, added up."""
+    return sum(used["total_ms"] for used in row["cpu_ms_per_request"].values())
+
+
+def test_the_run_records_how_it_ran_and_every_restart(results) -> None:
+    data, _ = results
+    from loadtests.bench import SETTLE_S
+
+    meta = data["meta"]
+    # BENCH_QUICK's loads (this process imported loadtests.points without it: the full run's)
+    assert meta["quick"] is True and meta["users"] == [1, 8] and meta["middle"] == 8
+    assert meta["settle_s"] == SETTLE_S
+    assert dt.datetime.fromisoformat(meta["started"]) < dt.datetime.fromisoformat(meta["date"])
+    # every restart a systems' point recorded is counted (the other points' add to the count)
+    counted = data["restarts"]
+    for name in {n for p in data["points"] for n in p["restarted"]}:
+        assert counted[name] >= sum(p["restarted"].count(name) for p in data["points"])
+    assert all(n > 0 for n in counted.values())
 
 
 def test_every_system_is_measured_with_non_zero_figures(results) -> None:
@@ -136,17 +158,27 @@ def test_per_request_cpu_is_measured_for_every_server_process(results) -> None:
         "fastapi": {"uvicorn"},
         "hand-written batching": {"uvicorn"},
     }
+    # Every process of a BentoML graph is measured, the arbiter and the runners a workload does
+    # not use included (those may spend nothing on it); the ones on the request's path spend CPU.
+    graph = {"bentoml serve (arbiter)", "tokenizer", "onnx_runner", "tf_runner", "tenant_runner"}
+    every = {
+        "stack": graph,
+        "stack, int8": graph,
+        "stack, batching off": graph,
+        "naive bentoml": {"bentoml serve (arbiter)", "NaiveFront", "NaiveOnnx"},
+        "fastapi": {"uvicorn"},
+        "hand-written batching": {"uvicorn"},
+    }
     for row in data["rows"]:
         cpu = row["cpu_ms_per_request"]
-        names = set(cpu)
-        assert expected[row["system"]] <= names, (row["system"], names)
+        assert set(cpu) == every[row["system"]], (row["system"], set(cpu))
+        for name, used in cpu.items():
+            assert used["main_ms"] >= 0 and used["other_threads_ms"] >= 0, (row["system"], name)
+            assert math.isclose(
+                used["total_ms"], used["main_ms"] + used["other_threads_ms"], abs_tol=2e-4
+            )
         for name in expected[row["system"]]:
             assert cpu[name]["total_ms"] > 0, (row["system"], name, cpu[name])
-            assert math.isclose(
-                cpu[name]["total_ms"],
-                cpu[name]["main_ms"] + cpu[name]["other_threads_ms"],
-                abs_tol=2e-4,
-            )
 
 
 def test_plots_are_written(results) -> None:
@@ -179,6 +211,9 @@ def test_base64_is_measured_against_floats_on_the_same_load(results) -> None:
         packed["sentences_per_s"] / floats["sentences_per_s"],
         rel_tol=1e-3,
     )
+    assert math.isclose(
+        share["cpu_ms_per_request"], all_processes(packed) / all_processes(floats), rel_tol=1e-3
+    )
     assert "Vectors as base64" in (out / "results.md").read_text()
 
 
@@ -201,6 +236,9 @@ def test_classify_is_measured_for_head_tenants_and_whole_models(results) -> None
         share["requests_per_s"], heads["sentences_per_s"] / models["sentences_per_s"], rel_tol=1e-3
     )
     assert math.isclose(share["p99_ms"], heads["p99_ms"] / models["p99_ms"], rel_tol=1e-3)
+    assert math.isclose(
+        share["cpu_ms_per_request"], all_processes(heads) / all_processes(models), rel_tol=1e-3
+    )
     assert "/classify" in (out / "results.md").read_text()
 
 
@@ -223,6 +261,10 @@ def test_the_lean_path_is_measured_against_bentomls_own_path(results) -> None:
             lean["sentences_per_s"] / full["sentences_per_s"],
             rel_tol=1e-3,
         )
+        assert math.isclose(share["p50_ms"], lean["p50_ms"] / full["p50_ms"], rel_tol=1e-3)
+        assert share["tokenizer_cpu_ms"] == [
+            r["cpu_ms_per_request"]["tokenizer"]["total_ms"] for r in (lean, full)
+        ]
     assert "BentoML's own path" in (out / "results.md").read_text()
 
 

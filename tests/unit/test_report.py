@@ -117,3 +117,21 @@ def test_a_run_that_recorded_its_start_says_how_long_it_took() -> None:
         "date": "2026-11-24T20:31:30+00:00",
     }
     assert "The run took 94 minutes" in markdown(run)
+
+
+def test_a_point_that_answered_nothing_without_failing_is_named() -> None:
+    run = results()
+    assert "No answer within the point" not in markdown(run)
+    silent = next(r for r in run["rows"] if (r["system"], r["workload"]) == (FASTAPI, "bulk"))
+    silent["sentences_per_s"], silent["spread"] = 0.0, [0.0, 0.0]
+    assert f"{FASTAPI}, bulk at {silent['users']} users." in markdown(run)
+    silent["failures"] = 3  # failed requests are in the table's own column: not named again
+    assert "No answer within the point" not in markdown(run)
+
+
+def test_a_one_client_ratio_just_above_its_limit_does_not_print_as_the_limit() -> None:
+    run = results()
+    for r in run["rows"]:
+        if r["workload"] == "chat" and r["users"] == 1:
+            r["p50_ms"] = {STACK: 7.74, FASTAPI: 5.95}.get(r["system"], r["p50_ms"])
+    assert "| **no** | 7.74 vs 5.95 ms (1.301x) |" in markdown(run)
