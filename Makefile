@@ -28,7 +28,7 @@ IMAGES_CMD := PATH=$(DOCKER_PATH) BASE_IMAGE=$(BASE_IMAGE) $(PY) deploy/bentos.p
 	    -t bento-bundle/$$image:$(IMAGE_TAG) deploy/$$image >/dev/null \
 	  && echo "image bento-bundle/$$image:$(IMAGE_TAG) built (deploy/$$image)" || exit 1; done
 
-.PHONY: help install wrk tools models parity bench chaos soak tenants tenants-mixed tenant-figures simulate-replicas serve test lint format clean \
+.PHONY: help install wrk tools models parity bench profile chaos soak tenants tenants-mixed tenant-figures simulate-replicas serve test lint format clean \
 	bentos engine engine-stop base-image images test-containers test-swarm
 
 help: ## List the targets
@@ -95,6 +95,9 @@ export BENCH_TENANTS ?= $(if $(BENCH_QUICK),16,1000)
 bench: models wrk ## Side-by-side benchmark, interleaved repeats, CPU per request; records loadtests/results (BENCH_QUICK=1: short, not recorded)
 	$(MAKE) --no-print-directory tenants tenants-mixed N=$(BENCH_TENANTS)
 	BENCH_MODEL_STORE=$(MIXED_STORE) $(PY) -m loadtests.bench
+
+profile: models wrk ## Where a chat request's CPU goes in the tokenizer and the ONNX runner (py-spy under load); records loadtests/results/profiles
+	$(PY) -m loadtests.profile
 
 chaos: models ## Overload at 4x capacity, recovery, workers SIGKILLed under load (PHASE_S seconds a phase)
 	$(PY) -m loadtests.chaos --seconds $(or $(PHASE_S),20)

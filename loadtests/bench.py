@@ -44,6 +44,7 @@ from pathlib import Path
 from loadtests import report
 from loadtests.points import (
     BENTOML_PATH,
+    BULK_LONGER,
     CLASSIFY,
     ENCODINGS,
     FASTAPI,
@@ -73,9 +74,6 @@ from loadtests.processes import BIN, ROOT, Server, adopt_orphans, bentoml_serve,
 from loadtests.raw_engine import raw_engine
 
 RESULTS = ROOT / "loadtests" / "results"
-# Bulk points run longer: at 64 users a one-request-at-a-time server answers a bulk request in
-# ~11 s, so a 10 s point would complete none (seen in the first full run).
-BULK_LONGER = 3
 
 
 def uvicorn(app: str, log: Path) -> Server:

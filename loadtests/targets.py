@@ -14,8 +14,16 @@ def _row(rows: list[dict], system: str, workload: str, users: int) -> dict:
     )
 
 
-def targets(rows: list[dict], ratio_rows: list[dict], users: list[int], middle: int) -> list[dict]:
-    """``middle``: the load the ratios are checked at; ``users``: every load of the run."""
+def targets(
+    rows: list[dict],
+    ratio_rows: list[dict],
+    users: list[int],
+    middle: int,
+    every_row: list[dict] | None = None,
+) -> list[dict]:
+    """``middle``: the load the ratios are checked at; ``users``: every load of the run;
+    ``every_row``: every point's row of the run (the systems', and the encodings', /classify's and
+    the paths' beside them), for what is checked at every point: the load generator's share."""
     at = {(r["workload"], r["users"]): r for r in ratio_rows}
     chat, bulk = at[("chat", middle)], at[("bulk", middle)]
 
@@ -33,7 +41,7 @@ def targets(rows: list[dict], ratio_rows: list[dict], users: list[int], middle: 
     one = min(users)
     stack_p50 = _row(rows, STACK, "chat", one)["p50_ms"]
     fastapi_p50 = _row(rows, FASTAPI, "chat", one)["p50_ms"]
-    loadgen = max(r["loadgen_cpu_share"] for r in rows)
+    loadgen = max(r["loadgen_cpu_share"] for r in every_row or rows)
     return [
         check(
             "chat_raw",

@@ -7,6 +7,7 @@ limit."""
 from __future__ import annotations
 
 import json
+import math
 
 from loadtests import report
 from loadtests.points import Point
@@ -44,3 +45,33 @@ def test_every_recorded_run_is_full_and_within_its_raw_limits() -> None:
         assert data["ratios"] == report.ratios(rows, data["raw"]), recorded.name
         for row in data["rows"]:  # every system's points, interleaved, once a repeat
             assert row["repeats"] == meta["repeats"], (recorded.name, row)
+
+
+PROFILES = sorted((ROOT / "loadtests" / "results" / "profiles").glob("*.json"))
+
+
+def test_readme_profile_is_the_newest_recorded_one() -> None:
+    from loadtests import profile
+
+    shown = profile.readme_profile()
+    if not PROFILES:
+        assert "No profile is recorded yet" in shown and "|" not in shown
+        return
+    assert shown == profile.readme_block(PROFILES[-1]), (
+        "loadtests/README.md's profile is not the newest recorded one: regenerate it with "
+        f"`python -m loadtests.profile --render {PROFILES[-1].relative_to(ROOT)}`"
+    )
+
+
+def test_every_recorded_profile_accounts_for_its_processes_cpu() -> None:
+    for recorded in PROFILES:
+        data = json.loads(recorded.read_text())
+        run = data["profile"]
+        assert "+" not in data["meta"]["commit"] and run["failed"] == 0, recorded.name
+        assert run["seconds"] >= 30 and run["requests"] > 0, recorded.name
+        for name, p in run["processes"].items():
+            for kind in ("main", "other_threads"):
+                # every ms of the thread's CPU is in a category, from enough samples to share it
+                total = p["from_proc"][f"{kind}_ms"]
+                assert math.isclose(sum(p[kind].values()), total, abs_tol=1e-3), (name, kind)
+                assert p["samples"][kind] >= 1000 or total < 0.01, (recorded.name, name, kind)

@@ -135,3 +135,31 @@ def test_a_one_client_ratio_just_above_its_limit_does_not_print_as_the_limit() -
         if r["workload"] == "chat" and r["users"] == 1:
             r["p50_ms"] = {STACK: 7.74, FASTAPI: 5.95}.get(r["system"], r["p50_ms"])
     assert "| **no** | 7.74 vs 5.95 ms (1.301x) |" in markdown(run)
+
+
+def test_the_load_generator_is_checked_at_every_point_not_only_the_tables() -> None:
+    run = results()
+    assert "| load generator <= 5% of the machine at every point | yes | max 1.0% |" in markdown(
+        run
+    )
+    heads = {
+        **row("stack, head tenants", "classify", 64, 500, 100.0, {}),
+        "loadgen_cpu_share": 0.06,
+    }
+    run["tenants"] = {"rows": {"stack, head tenants": heads}}
+    text = markdown(run)
+    assert "| load generator <= 5% of the machine at every point | **no** | max 6.0% |" in text
+    assert "the most at stack, head tenants classify 64 users: 6.0% of the machine" in text
+
+
+def test_a_missed_per_process_target_names_bentomls_own_path_and_the_profile() -> None:
+    run = results()
+    for r in run["rows"]:  # the tokenizer above its 0.3 ms
+        if (r["system"], r["workload"]) == (STACK, "chat"):
+            r["cpu_ms_per_request"] = cpu(tokenizer=(0.37, 0.0), onnx_runner=(0.08, 2.0))
+    traced = row("stack, BentoML's path", "chat", 64, 500, 12.0, cpu(tokenizer=(1.12, 0.0)))
+    run["paths"] = {"rows": [traced], "lean_over_bentoml": {}}
+    line = next(x for x in holds_back(run) if x.startswith("- **tokenizer CPU"))
+    assert "0.370 ms on its main thread" in line
+    assert "on BentoML's own path (traced, access log on) 1.120 on its main thread" in line
+    assert "`make profile`" in line

@@ -1,0 +1,294 @@
+"""Where a one-sentence request's CPU goes inside the stack's processes (``make profile``).
+
+Serves the whole graph (``bentoml serve .``), puts chat load on it at the benchmark's middle load
+(wrk, one sentence a request) and, over the same seconds, samples the tokenizer's and the ONNX
+runner's worker processes with py-spy (``--nonblocking``: they are not paused; py-spy leaves out
+threads that are idle). Each sample is put in the first category whose rule matches its stack,
+leaf first. The amounts come from /proc (``cpu.py``): each process's CPU per request over the same
+seconds, main thread and other threads apart, split by category in the samples' proportions. The
+samples are not the amounts: on two busy cores they added up to more CPU time than the cores had
+(a thread waiting for a core looks active to the sampler, most likely). Python frames only: time in a C or Rust extension is counted at the
+Python line that called it, which the rules name (``_CALLS``).
+
+A full run records ``loadtests/results/profiles/DATE.json`` and regenerates the profile in
+loadtests/README.md; ``PROFILE_SECONDS`` (default 30) is its length, and a run shorter than that
+(the test's) is not recorded.
+
+    python -m loadtests.profile [--seconds 30] [--users 64]
+    python -m loadtests.profile --render loadtests/results/profiles/DATE.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import platform
+import re
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+
+from loadtests import cpu, loadgen
+from loadtests.bench import commit
+from loadtests.points import MIDDLE, OUT, bodies
+from loadtests.processes import BIN, ROOT, Server, adopt_orphans, bentoml_serve
+
+RECORDED = ROOT / "loadtests" / "results" / "profiles"
+README = ROOT / "loadtests" / "README.md"
+BEGIN, END = "<!-- profile:begin -->", "<!-- profile:end -->"
+FULL_SECONDS = 30
+PROCESSES = ("tokenizer", "onnx_runner")
+
+# Python lines that call into an extension, by (file suffix, function): the sample is the
+# extension's work. Checked on every frame before the file rules below.
+_CALLS: tuple[tuple[str, str, str], ...] = (
+    ("serving/features.py", "tokenize", "tokenizing (tokenizers, Rust)"),
+    ("serving/features.py", "pad", "padding (NumPy)"),
+)
+# (pattern on a frame's file, category), the first match from the leaf wins.
+_FILES: tuple[tuple[str, str], ...] = (
+    (r"onnxruntime/", "engine (ONNX Runtime)"),
+    (r"(^|/)tokenizers/|sentencepiece", "tokenizing (tokenizers, Rust)"),
+    (r"(^|/)json/|orjson|msgspec", "JSON"),
+    (r"(^|/)numpy/", "NumPy"),
+    (r"(^|/)(pydantic|pydantic_core)/", "validation (pydantic)"),
+    (r"prometheus_client/", "metrics (prometheus_client)"),
+    (r"uvicorn/|httptools|h11/", "HTTP (uvicorn)"),
+    (r"aiohttp/|httpx/|httpcore/", "HTTP client (the hop to the runner)"),
+    (r"starlette/|_?bentoml(_impl)?/|opentelemetry/", "ASGI app, BentoML's machinery"),
+    # The leaf is asyncio's run loop when the time is in uvloop's C: sockets, callbacks.
+    (r"asyncio/|uvloop/|anyio/|(^|/)selectors\.py|threading\.py", "event loop (uvloop), threads"),
+    (r"serving/(hot_path|replies)\.py", "the lean route (serving/hot_path.py, replies.py)"),
+    (r"serving/batching/", "batching (serving/batching)"),
+    (r"(^|/)(serving|services|runners)/", "this project's other code"),
+)
+OTHER = "other"
+CATEGORIES = [*dict.fromkeys([c for *_, c in _CALLS] + [c for _, c in _FILES]), OTHER]
+
+_FRAME = re.compile(r"^(?P<function>.*) \((?P<file>[^()]*?)(?::(?P<line>\d+))?\)$")
+
+
+def categorize(stack: list[str]) -> str:
+    """The category of one sample: ``stack`` is py-spy's frames, root first ("function (file:line)")."""
+    frames = [m.groupdict() for f in reversed(stack) if (m := _FRAME.match(f.strip()))]
+    for frame in frames:
+        for suffix, function, category in _CALLS:
+            if frame["file"].endswith(suffix) and frame["function"] == function:
+                return category
+        for pattern, category in _FILES:
+            if re.search(pattern, frame["file"]):
+                return category
+    return OTHER
+
+
+def parse(raw: str, pid: int) -> dict[str, Counter[str]]:
+    """py-spy's raw output (``--threads``: each stack starts with "thread (TID): NAME") into sample
+    counts by category, for the main thread (TID == PID) and the other threads apart."""
+    out: dict[str, Counter[str]] = {"main": Counter(), "other_threads": Counter()}
+    for line in raw.splitlines():
+        stack, _, count = line.rpartition(" ")
+        if not stack or not count.isdigit():
+            continue
+        frames = stack.split(";")
+        thread = re.match(r"thread \((?:0x)?(\w+)\)", frames[0])
+        tid = int(thread.group(1), 16 if "0x" in frames[0] else 10) if thread else -1
+        kind = "main" if tid == pid else "other_threads"
+        out[kind][categorize(frames[1:] if thread else frames)] += int(count)
+    return out
+
+
+def split(
+    proc_ms: dict[str, float], samples: dict[str, Counter[str]]
+) -> dict[str, dict[str, float]]:
+    """A process's CPU ms per request from /proc, main thread and other threads apart, split by
+    category in the proportions of the samples (the samples give the shares, /proc the amounts)."""
+    out: dict[str, dict[str, float]] = {}
+    for kind, by in samples.items():
+        total = sum(by.values())
+        ms = proc_ms[f"{kind}_ms"]
+        out[kind] = {c: round(ms * n / total, 4) for c, n in by.most_common()} if total else {}
+    return out
+
+
+def sample(pid: int, seconds: float, rate: int, into: Path) -> subprocess.Popen:
+    return subprocess.Popen(
+        [
+            str(BIN / "py-spy"),
+            "record",
+            "--pid",
+            str(pid),
+            "--rate",
+            str(rate),
+            "--duration",
+            f"{seconds:.0f}",
+            "--format",
+            "raw",
+            "--threads",
+            "--nonblocking",
+            "--output",
+            str(into),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+
+
+def workers(server: Server) -> dict[str, int]:
+    """The PID of each profiled service's worker (one each in the stack's defaults)."""
+    found: dict[str, int] = {}
+    for proc in server.descendants():
+        name = cpu.label(proc)
+        if name in PROCESSES:
+            if name in found:
+                raise RuntimeError(f"more than one {name} worker: profile one")
+            found[name] = proc.pid
+    missing = set(PROCESSES) - set(found)
+    if missing:
+        raise RuntimeError(f"no worker found for {sorted(missing)}")
+    return found
+
+
+def profile(server: Server, users: int, seconds: float, rate: int = 250) -> dict:
+    pids = workers(server)
+    body = bodies("chat", "")
+    loadgen.run(server.url, "/embed", body, users, 3)  # warm: the batcher's plans, the caches
+    # py-spy's raw stacks are kept beside the figures (flamegraph.pl reads them as they are)
+    stacks = OUT / "profile"
+    stacks.mkdir(parents=True, exist_ok=True)
+    files = {name: stacks / f"{name}.txt" for name in pids}
+    before = cpu.snapshot([server.process(), *server.descendants()])
+    samplers = {name: sample(pid, seconds, rate, files[name]) for name, pid in pids.items()}
+    try:
+        load = loadgen.run(server.url, "/embed", body, users, seconds)
+        after = cpu.snapshot([server.process(), *server.descendants()])
+        for name, proc in samplers.items():
+            said, _ = proc.communicate(timeout=seconds + 60)
+            if proc.returncode or not files[name].exists():
+                raise RuntimeError(f"py-spy on {name} failed ({proc.returncode}): {said[-600:]}")
+    finally:  # a failed load or sampler leaves no py-spy running
+        for proc in samplers.values():
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    counts = {name: parse(files[name].read_text(), pid) for name, pid in pids.items()}
+    proc_cpu = cpu.per_request(before, after, load.ok)
+    processes = {
+        name: {
+            "from_proc": proc_cpu[name],
+            **split(proc_cpu[name], kinds),
+            "samples": {kind: sum(by.values()) for kind, by in kinds.items()},
+        }
+        for name, kinds in counts.items()
+    }
+    return {
+        "users": users,
+        "seconds": seconds,
+        "rate_hz": rate,
+        "requests": load.ok,
+        "failed": load.failed + load.shed,
+        "requests_per_s": round(load.ok / load.seconds, 1),
+        "processes": processes,
+    }
+
+
+def markdown(data: dict) -> str:
+    meta, run = data["meta"], data["profile"]
+    lines = [
+        f"Chat (one sentence a request), {run['users']} connections, {run['seconds']:.0f} s, "
+        f"{run['requests_per_s']:.0f} requests/s answered, {run['failed']} failed or shed; py-spy "
+        f"at {run['rate_hz']} Hz on each worker. CPU ms per request from /proc, main thread (the "
+        "event loop) and other threads (the engine's lanes) apart, split by what the sampled "
+        "stacks were doing:",
+        "",
+        "| process | thread | what | ms per request | share of the thread's samples |",
+        "|---|---|---|---:|---:|",
+    ]
+    for name, p in run["processes"].items():
+        for kind in ("main", "other_threads"):
+            total = p["from_proc"][f"{kind}_ms"]
+            for category, ms in p[kind].items():
+                if ms >= 0.0005:
+                    lines.append(
+                        f"| {name} | {kind.replace('_', ' ')} | {category} | {ms:.3f} | "
+                        f"{ms / total:.0%} |"
+                    )
+            lines.append(
+                f"| {name} | {kind.replace('_', ' ')} | **all** ({p['samples'][kind]:,} samples) "
+                f"| **{total:.3f}** | |"
+            )
+    return (
+        "\n".join(lines)
+        + f"\n\nMeasured {meta['date'][:10]}, {meta['machine']}, commit {meta['commit']}."
+    )
+
+
+def readme_block(recorded: Path) -> str:
+    data = json.loads(recorded.read_text())
+    return (
+        f"{BEGIN}\n<!-- generated by `make profile` (python -m loadtests.profile --render "
+        f"{recorded.relative_to(ROOT)}); do not edit -->\n{markdown(data)}\n{END}"
+    )
+
+
+def readme_profile() -> str:
+    text = README.read_text()
+    return text[text.index(BEGIN) : text.index(END) + len(END)]
+
+
+def update_readme(recorded: Path) -> None:
+    text = README.read_text()
+    start, end = text.index(BEGIN), text.index(END) + len(END)
+    README.write_text(text[:start] + readme_block(recorded) + text[end:])
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m loadtests.profile", description=__doc__.splitlines()[0]
+    )
+    parser.add_argument(
+        "--seconds", type=float, default=float(os.environ.get("PROFILE_SECONDS", FULL_SECONDS))
+    )
+    parser.add_argument("--users", type=int, default=MIDDLE)
+    parser.add_argument("--out", type=Path, default=OUT / "profile.json")
+    parser.add_argument(
+        "--render", type=Path, help="regenerate the README's profile from a recorded run"
+    )
+    args = parser.parse_args(argv)
+    if args.render:
+        update_readme(args.render)
+        print(f"written: {README}")
+        return 0
+    adopt_orphans()
+    server = bentoml_serve(".", OUT / "logs" / "profile.log")
+    print(f"profile: the stack, chat, {args.users} connections, {args.seconds:.0f} s", flush=True)
+    with server:
+        run = profile(server, args.users, args.seconds)
+    data = {
+        "meta": {
+            "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+            "commit": commit(),
+            "machine": f"{platform.machine()}, {os.cpu_count()} cores, {platform.platform()}",
+            "python": sys.version.split()[0],
+        },
+        "profile": run,
+    }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(data, indent=2) + "\n")
+    print(markdown(data))
+    written = [args.out]
+    if args.seconds >= FULL_SECONDS and not run["failed"]:
+        RECORDED.mkdir(parents=True, exist_ok=True)
+        recorded = RECORDED / f"{data['meta']['date'][:10]}.json"
+        recorded.write_text(json.dumps(data, indent=2) + "\n")
+        update_readme(recorded)
+        written += [recorded, README]
+    print("\nwritten: " + ", ".join(str(p) for p in written))
+    return 1 if run["failed"] else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
