@@ -74,4 +74,4 @@ def test_every_recorded_profile_accounts_for_its_processes_cpu() -> None:
                 # every ms of the thread's CPU is in a category, from enough samples to share it
                 total = p["from_proc"][f"{kind}_ms"]
                 assert math.isclose(sum(p[kind].values()), total, abs_tol=1e-3), (name, kind)
-                assert p["samples"][kind] >= 1000 or total < 0.01, (recorded.name, name, kind)
+                assert p["samples"][kind] >= 500 or total < 0.01, (recorded.name, name, kind)
