@@ -84,7 +84,7 @@ parity: models ## Parity report of every backend against PyTorch (build/parity.j
 MIXED_STORE ?= $(HOME)/bentoml/tenants-mixed
 
 # One BLAS thread: a head's matrices are small, and a second thread only contends for the cores.
-tenants: models ## Build N demo head tenants (default 1000; ~20 a second) into the tenant store, reusing those built
+tenants: models ## Build N demo head tenants (default 1000; it prints its rate) into the tenant store, reusing those built
 	OPENBLAS_NUM_THREADS=1 $(PY) -m tools.tenants demo --count $(N) $(if $(FORCE),--force)
 
 tenants-mixed: models ## Build N demo whole-model tenants (ONNX, every 4th TF) into MIXED_STORE

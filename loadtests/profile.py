@@ -47,7 +47,14 @@ PROCESSES = ("tokenizer", "onnx_runner")
 _CALLS: tuple[tuple[str, str, str], ...] = (
     ("serving/features.py", "tokenize", "tokenizing (tokenizers, Rust)"),
     ("serving/features.py", "pad", "padding (NumPy)"),
+    ("serving/replies.py", "dumps", "JSON"),  # orjson, in C
 )
+# A sample whose leaf is the loop's own entry point is time in uvloop's C code (the sockets'
+# reads and writes, the callbacks' scheduling): no Python frame of its own to name it by.
+LOOP = "event loop (uvloop's C: sockets, callbacks)"
+_LOOP_LEAVES = ("run_forever", "run_until_complete", "Runner.run", "run")
+_LOOP_FILES = re.compile(r"(^|/)asyncio/(runners|base_events)\.py$")
+ASYNC = "asyncio and threads (futures, locks, queues, hand-offs)"
 # (pattern on a frame's file, category), the first match from the leaf wins.
 _FILES: tuple[tuple[str, str], ...] = (
     (r"onnxruntime/", "engine (ONNX Runtime)"),
@@ -58,15 +65,14 @@ _FILES: tuple[tuple[str, str], ...] = (
     (r"prometheus_client/", "metrics (prometheus_client)"),
     (r"uvicorn/|httptools|h11/", "HTTP (uvicorn)"),
     (r"aiohttp/|httpx/|httpcore/", "HTTP client (the hop to the runner)"),
-    (r"starlette/|_?bentoml(_impl)?/|opentelemetry/", "ASGI app, BentoML's machinery"),
-    # The leaf is asyncio's run loop when the time is in uvloop's C: sockets, callbacks.
-    (r"asyncio/|uvloop/|anyio/|(^|/)selectors\.py|threading\.py", "event loop (uvloop), threads"),
+    (r"starlette/|_?bentoml(_impl|_sdk)?/|opentelemetry/", "ASGI app, BentoML's machinery"),
+    (r"asyncio/|uvloop/|anyio/|(^|/)selectors\.py|threading\.py", ASYNC),
     (r"serving/(hot_path|replies)\.py", "the lean route (serving/hot_path.py, replies.py)"),
     (r"serving/batching/", "batching (serving/batching)"),
     (r"(^|/)(serving|services|runners)/", "this project's other code"),
 )
 OTHER = "other"
-CATEGORIES = [*dict.fromkeys([c for *_, c in _CALLS] + [c for _, c in _FILES]), OTHER]
+CATEGORIES = [*dict.fromkeys([c for *_, c in _CALLS] + [LOOP] + [c for _, c in _FILES]), OTHER]
 
 _FRAME = re.compile(r"^(?P<function>.*) \((?P<file>[^()]*?)(?::(?P<line>\d+))?\)$")
 
@@ -74,6 +80,9 @@ _FRAME = re.compile(r"^(?P<function>.*) \((?P<file>[^()]*?)(?::(?P<line>\d+))?\)
 def categorize(stack: list[str]) -> str:
     """The category of one sample: ``stack`` is py-spy's frames, root first ("function (file:line)")."""
     frames = [m.groupdict() for f in reversed(stack) if (m := _FRAME.match(f.strip()))]
+    leaf = frames[0] if frames else None
+    if leaf and leaf["function"] in _LOOP_LEAVES and _LOOP_FILES.search(leaf["file"]):
+        return LOOP
     for frame in frames:
         for suffix, function, category in _CALLS:
             if frame["file"].endswith(suffix) and frame["function"] == function:
@@ -93,8 +102,8 @@ def parse(raw: str, pid: int) -> dict[str, Counter[str]]:
         if not stack or not count.isdigit():
             continue
         frames = stack.split(";")
-        thread = re.match(r"thread \((?:0x)?(\w+)\)", frames[0])
-        tid = int(thread.group(1), 16 if "0x" in frames[0] else 10) if thread else -1
+        thread = re.match(r"thread \((0x[0-9a-fA-F]+|\d+)\)", frames[0])
+        tid = int(thread.group(1), 0) if thread else -1
         kind = "main" if tid == pid else "other_threads"
         out[kind][categorize(frames[1:] if thread else frames)] += int(count)
     return out
@@ -161,8 +170,10 @@ def profile(server: Server, users: int, seconds: float, rate: int = 250) -> dict
     stacks.mkdir(parents=True, exist_ok=True)
     files = {name: stacks / f"{name}.txt" for name in pids}
     before = cpu.snapshot([server.process(), *server.descendants()])
-    samplers = {name: sample(pid, seconds, rate, files[name]) for name, pid in pids.items()}
+    samplers: dict[str, subprocess.Popen] = {}
     try:
+        for name, pid in pids.items():
+            samplers[name] = sample(pid, seconds, rate, files[name])
         load = loadgen.run(server.url, "/embed", body, users, seconds)
         after = cpu.snapshot([server.process(), *server.descendants()])
         for name, proc in samplers.items():
@@ -176,6 +187,12 @@ def profile(server: Server, users: int, seconds: float, rate: int = 250) -> dict
                 proc.wait()
     counts = {name: parse(files[name].read_text(), pid) for name, pid in pids.items()}
     proc_cpu = cpu.per_request(before, after, load.ok)
+    if missing := [n for n in pids if n not in proc_cpu]:
+        raise RuntimeError(
+            f"no CPU measured for {missing}: no request answered, or a worker restarted"
+        )
+    if not all(counts[n]["main"] for n in pids):
+        raise RuntimeError("no sample of a main thread: py-spy's thread ids were not the PIDs")
     processes = {
         name: {
             "from_proc": proc_cpu[name],
@@ -227,6 +244,7 @@ def markdown(data: dict) -> str:
 
 
 def readme_block(recorded: Path) -> str:
+    recorded = recorded.resolve()
     data = json.loads(recorded.read_text())
     return (
         f"{BEGIN}\n<!-- generated by `make profile` (python -m loadtests.profile --render "
@@ -262,6 +280,7 @@ def main(argv: list[str] | None = None) -> int:
         update_readme(args.render)
         print(f"written: {README}")
         return 0
+    measured = commit()  # the code the server starts with, not what the tree holds at the end
     adopt_orphans()
     server = bentoml_serve(".", OUT / "logs" / "profile.log")
     print(f"profile: the stack, chat, {args.users} connections, {args.seconds:.0f} s", flush=True)
@@ -270,7 +289,7 @@ def main(argv: list[str] | None = None) -> int:
     data = {
         "meta": {
             "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
-            "commit": commit(),
+            "commit": measured,
             "machine": f"{platform.machine()}, {os.cpu_count()} cores, {platform.platform()}",
             "python": sys.version.split()[0],
         },
@@ -280,7 +299,9 @@ def main(argv: list[str] | None = None) -> int:
     args.out.write_text(json.dumps(data, indent=2) + "\n")
     print(markdown(data))
     written = [args.out]
-    if args.seconds >= FULL_SECONDS and not run["failed"]:
+    if "+" in measured:
+        print(f"not recorded: the tree has uncommitted changes ({measured})")
+    elif args.seconds >= FULL_SECONDS and not run["failed"]:
         RECORDED.mkdir(parents=True, exist_ok=True)
         recorded = RECORDED / f"{data['meta']['date'][:10]}.json"
         recorded.write_text(json.dumps(data, indent=2) + "\n")

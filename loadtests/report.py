@@ -412,8 +412,8 @@ def holds_back(results: dict) -> list[str]:
         if v is None:
             return f"no {name} process measured"
         said = (
-            f"{name}: {v['main_ms']:.3f} ms on its main thread (event loop, HTTP, JSON, "
-            f"batching), {v['other_threads_ms']:.3f} on its other threads"
+            f"{name}: {v['main_ms']:.3f} ms on its main thread (everything but the engine's "
+            f"threads), {v['other_threads_ms']:.3f} on its other threads"
         )
         traced = {
             r["users"]: r for r in results.get("paths", {}).get("rows", []) if r["system"] != STACK
@@ -423,7 +423,7 @@ def holds_back(results: dict) -> list[str]:
                 f"; on BentoML's own path (traced, access log on) "
                 f"{traced['cpu_ms_per_request'][name]['main_ms']:.3f} on its main thread"
             )
-        return said + "; its parts, measured by a sampling profiler: `make profile` below"
+        return said + "; its parts, by a sampling profiler: `make profile` (loadtests/README.md)"
 
     def failures() -> str:
         rows = [

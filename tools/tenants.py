@@ -99,7 +99,7 @@ def build_demo(
     log(f"{count - len(todo)} of {count} demo tenants already built; building {len(todo)} ({fmt})")
     if fmt == "head":
         # In this process: every distinct example text embedded once (a few thousand for any
-        # count), then ~20 ms of training per tenant.
+        # count), then milliseconds of training per tenant.
         from models.minilm import Embedder
 
         embed = Embedder()

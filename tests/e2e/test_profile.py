@@ -34,6 +34,9 @@ def test_a_short_profile_attributes_each_workers_cpu(tmp_path: Path) -> None:
             assert math.isclose(
                 sum(p[kind].values()), p["from_proc"][f"{kind}_ms"], abs_tol=1e-3
             ), (name, p)
+    # the rules name nearly all of it
+    for name, p in run["processes"].items():
+        assert p["main"].get("other", 0) < 0.1 * p["from_proc"]["main_ms"], (name, p)
     # the engine is most of the runner's other threads (the lanes run it)
     engine = runner["other_threads"]["engine (ONNX Runtime)"]
     assert engine > 0.5 * runner["from_proc"]["other_threads_ms"], runner

@@ -144,7 +144,9 @@ def test_deadline_that_cannot_be_met_gives_503_at_once() -> None:
     assert all(o.status == 503 and o.retry_after >= 1 for o in refused)
     served = sum(not isinstance(o, Exception) for o in outcomes)
     assert served >= 1
-    # "At once": refused on admission, so the engine never saw a refused request's rows.
+    # "At once": refused on admission (the reason says so, not a deadline passed in the queue),
+    # so the engine never saw a refused request's rows.
+    assert all("cannot finish within" in str(o) for o in refused), refused
     assert sum(rows for rows, _ in engine.calls) == served
 
 

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 from collections import Counter
 
-from loadtests.profile import OTHER, categorize, markdown, parse, split
+from loadtests.profile import ASYNC, OTHER, categorize, markdown, parse, split
+from loadtests.profile import LOOP as IN_UVLOOP
 
 LOOP = "run (asyncio/runners.py:118);run_until_complete (asyncio/base_events.py:640)"
 
@@ -27,7 +28,10 @@ def test_the_leaf_most_matching_frame_names_the_category() -> None:
     assert categorize(frames(f"{LOOP};serialize_value (_bentoml_impl/serde.py:3)")) == (
         "ASGI app, BentoML's machinery"
     )
-    assert categorize(frames(LOOP)) == "event loop (uvloop), threads"
+    assert categorize(frames(LOOP)) == IN_UVLOOP  # the loop's entry is the leaf: uvloop's C
+    assert categorize(frames(f"{LOOP};_copy_future_state (asyncio/futures.py:3)")) == ASYNC
+    orjson = f"{LOOP};respond (serving/hot_path.py:80);dumps (serving/replies.py:12)"
+    assert categorize(frames(orjson)) == "JSON"
     http = f"{LOOP};data_received (uvicorn/protocols/http/httptools_impl.py:120)"
     assert categorize(frames(http)) == "HTTP (uvicorn)"
     assert categorize(frames("<module> (<string>:4)")) == OTHER
@@ -46,12 +50,13 @@ def test_samples_are_split_by_thread_and_counted() -> None:
             f"thread (100): MainThread;{LOOP} 30",
             f"thread (100): MainThread;{LOOP};dumps (json/__init__.py:231) 10",
             "thread (0x7f01): lane-0;run (onnxruntime/capi/session.py:220) 50",
+            "thread (0x64): MainThread;dumps (json/__init__.py:231) 5",  # 0x64 == 100
             "thread (101): lane-1;run (onnxruntime/capi/session.py:220) 20",
             "a line that is not a sample",
         ]
     )
     counted = parse(raw, pid=100)
-    assert counted["main"] == {"event loop (uvloop), threads": 30, "JSON": 10}
+    assert counted["main"] == {IN_UVLOOP: 30, "JSON": 15}
     assert counted["other_threads"] == {"engine (ONNX Runtime)": 70}
 
 

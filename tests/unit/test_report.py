@@ -162,4 +162,4 @@ def test_a_missed_per_process_target_names_bentomls_own_path_and_the_profile() -
     line = next(x for x in holds_back(run) if x.startswith("- **tokenizer CPU"))
     assert "0.370 ms on its main thread" in line
     assert "on BentoML's own path (traced, access log on) 1.120 on its main thread" in line
-    assert "`make profile`" in line
+    assert "`make profile` (loadtests/README.md)" in line
