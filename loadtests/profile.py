@@ -31,13 +31,13 @@ import sys
 from collections import Counter
 from pathlib import Path
 
-from loadtests import cpu, loadgen
+from loadtests import cpu, loadgen, readme_blocks
 from loadtests.bench import commit
 from loadtests.points import MIDDLE, OUT, bodies
 from loadtests.processes import BIN, ROOT, Server, adopt_orphans, bentoml_serve
 
 RECORDED = ROOT / "loadtests" / "results" / "profiles"
-README = ROOT / "loadtests" / "README.md"
+README = readme_blocks.README
 BEGIN, END = "<!-- profile:begin -->", "<!-- profile:end -->"
 FULL_SECONDS = 30
 PROCESSES = ("tokenizer", "onnx_runner")
@@ -253,14 +253,11 @@ def readme_block(recorded: Path) -> str:
 
 
 def readme_profile() -> str:
-    text = README.read_text()
-    return text[text.index(BEGIN) : text.index(END) + len(END)]
+    return readme_blocks.read(BEGIN, END)
 
 
 def update_readme(recorded: Path) -> None:
-    text = README.read_text()
-    start, end = text.index(BEGIN), text.index(END) + len(END)
-    README.write_text(text[:start] + readme_block(recorded) + text[end:])
+    readme_blocks.replace(BEGIN, END, readme_block(recorded))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -12,6 +12,7 @@ from collections import Counter, defaultdict
 from dataclasses import asdict
 from pathlib import Path
 
+from loadtests import readme_blocks
 from loadtests.plots import plot
 from loadtests.points import (
     BENTOML_PATH,
@@ -45,7 +46,7 @@ __all__ = [
     "update_readme",
 ]
 
-README = ROOT / "loadtests" / "README.md"
+README = readme_blocks.README
 BEGIN, END = "<!-- bench:begin -->", "<!-- bench:end -->"
 
 
@@ -598,15 +599,12 @@ def readme_block(recorded: Path) -> str:
 
 def readme_figures() -> str:
     """The figures now between the markers in loadtests/README.md (markers included)."""
-    text = README.read_text()
-    return text[text.index(BEGIN) : text.index(END) + len(END)]
+    return readme_blocks.read(BEGIN, END)
 
 
 def update_readme(recorded: Path) -> None:
     """Replace the figures between the markers in loadtests/README.md with those of ``recorded``."""
-    text = README.read_text()
-    start, end = text.index(BEGIN), text.index(END) + len(END)
-    README.write_text(text[:start] + readme_block(recorded) + text[end:])
+    readme_blocks.replace(BEGIN, END, readme_block(recorded))
 
 
 if __name__ == "__main__":
