@@ -19,7 +19,7 @@ def targets(
     ratio_rows: list[dict],
     users: list[int],
     middle: int,
-    every_row: list[dict] | None = None,
+    every_row: list[dict],
 ) -> list[dict]:
     """``middle``: the load the ratios are checked at; ``users``: every load of the run;
     ``every_row``: every point's row of the run (the systems', and the encodings', /classify's and
@@ -41,7 +41,7 @@ def targets(
     one = min(users)
     stack_p50 = _row(rows, STACK, "chat", one)["p50_ms"]
     fastapi_p50 = _row(rows, FASTAPI, "chat", one)["p50_ms"]
-    loadgen = max(r["loadgen_cpu_share"] for r in every_row or rows)
+    loadgen = max(r["loadgen_cpu_share"] for r in every_row)
     return [
         check(
             "chat_raw",
