@@ -24,7 +24,7 @@ from collections.abc import Callable
 from typing import Annotated, Any
 
 import bentoml
-from pydantic import Field, TypeAdapter, ValidationError
+from pydantic import BeforeValidator, Field, TypeAdapter, ValidationError
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
@@ -69,10 +69,20 @@ _URL = re.compile(
 _DTYPES = {"int64": "DT_INT64", "int32": "DT_INT32", "float32": "DT_FLOAT"}
 # The same limits as the runner's own API (vocabulary, sequence length, sequences per call).
 _validate_ids = TypeAdapter(TokenIds).validate_python
+
+
+def _not_a_bool(value: object) -> object:
+    # pydantic's lax int takes JSON true as 1; a boolean is not a token id, nor a mask value.
+    if isinstance(value, bool):
+        raise ValueError("must be an integer, not a boolean")
+    return value
+
+
+_Int = Annotated[int, BeforeValidator(_not_a_bool)]
 # The ids' shape: rows of integers; then the limits, on the sequences with padding stripped.
-_validate_rows = TypeAdapter(list[list[int]]).validate_python
+_validate_rows = TypeAdapter(list[list[_Int]]).validate_python
 # A mask, or MiniLM's token types: rows of 0/1 (a mask's 1.0 is a 1, as TF Serving clients send it).
-_validate_flags = TypeAdapter(list[list[Annotated[int, Field(ge=0, le=1)]]]).validate_python
+_validate_flags = TypeAdapter(list[list[Annotated[_Int, Field(ge=0, le=1)]]]).validate_python
 
 
 class Refused(Exception):

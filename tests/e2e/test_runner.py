@@ -149,6 +149,8 @@ def test_status_and_metadata_match_the_contract(runner: str) -> None:
         ("post", "/v1/models/minilm/metadata", {}, 400, "Malformed request"),
         ("post", "/v1/models/minilm:predict", {"inputs": {"input_ids": [IDS], "token_type_ids": [[0, 1, 1, 1]]}}, 400, "token_type_ids must be 0"),
         ("post", "/v1/models/minilm:predict", {"inputs": {"input_ids": [IDS], "attention_mask": [[1, 1, 2, 1]]}}, 400, "attention_mask[0][2]"),
+        ("post", "/v1/models/minilm:predict", {"inputs": {"input_ids": [[True, False]]}}, 400, "not a boolean"),
+        ("post", "/v1/models/minilm:predict", {"inputs": {"input_ids": [IDS], "attention_mask": [[True, 1, 1, 1]]}}, 400, "not a boolean"),
     ],
 )  # fmt: skip
 def test_tf_serving_errors_say_what_is_wrong(
