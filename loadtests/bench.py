@@ -56,12 +56,15 @@ from loadtests.points import (
     NAIVE,
     NOBATCH,
     OUT,
+    PATH_SYSTEMS,
     QUICK,
     STACK,
     SYSTEMS,
     TENANT_SYSTEMS,
     TENANTS,
     TRACED,
+    TRACED_PATH,
+    TRACING,
     USERS,
     WORKLOADS,
     Point,
@@ -107,6 +110,7 @@ def servers(head_store: Path, model_store: Path) -> dict[str, Server]:
             ".", logs / "models.log", env={"BUNDLE_TENANTS_STORE": str(model_store)}
         ),
         NOBATCH: bentoml_serve(".", logs / "nobatch.log", env={"BUNDLE_ONNX_MAX_BATCH_ROWS": "1"}),
+        TRACED_PATH: bentoml_serve(".", logs / "traced.log", env=TRACING),
         BENTOML_PATH: bentoml_serve(".", logs / "bentoml-path.log", env=TRACED),
         FASTAPI: uvicorn("loadtests.baselines.fastapi_server:app", logs / "fastapi.log"),
         NAIVE: bentoml_serve("loadtests.baselines.naive_bentoml:NaiveFront", logs / "naive.log"),
@@ -316,7 +320,7 @@ def main(argv: list[str] | None = None) -> int:
         # The lean path against BentoML's own path, chat at one client and at the middle load.
         for repeat in range(args.repeats):
             for users in (min(USERS), MIDDLE):
-                for system in (STACK, BENTOML_PATH):
+                for system in PATH_SYSTEMS:
                     restarted = settle(running)
                     p = point(
                         running[system],

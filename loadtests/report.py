@@ -24,8 +24,10 @@ from loadtests.points import (
     MODELS,
     NAIVE,
     NOBATCH,
+    PATH_SYSTEMS,
     STACK,
     SYSTEMS,
+    TRACED_PATH,
     WORKLOADS,
     Point,
 )
@@ -172,23 +174,33 @@ def tenant_forms(points: list[Point]) -> dict:
 
 
 def lean_path(points: list[Point]) -> dict:
-    """The stack against the same graph on BentoML's own path (hot routes traced, access log on):
-    medians by users, and the lean path's share of each figure."""
+    """The stack against the same graph on BentoML's own path: hot routes traced with the access
+    log off (``lean_over_traced``: what the tracing setting alone costs) and on
+    (``lean_over_bentoml``). Medians by users, and the lean path's share of each figure."""
     rows = aggregate(points)
     by = {(r["system"], r["users"]): r for r in rows}
-    shares = {}
-    for users in sorted({r["users"] for r in rows}):
-        lean, full = by.get((STACK, users)), by.get((BENTOML_PATH, users))
-        if lean and full:
-            tokenizer = [
-                r["cpu_ms_per_request"].get("tokenizer", {}).get("total_ms") for r in (lean, full)
-            ]
-            shares[str(users)] = {
-                "sentences_per_s": round(lean["sentences_per_s"] / full["sentences_per_s"], 4),
-                "p50_ms": round(lean["p50_ms"] / full["p50_ms"], 4),
-                "tokenizer_cpu_ms": tokenizer,
-            }
-    return {"rows": rows, "lean_over_bentoml": shares}
+
+    def shares(other: str) -> dict:
+        out = {}
+        for users in sorted({r["users"] for r in rows}):
+            lean, full = by.get((STACK, users)), by.get((other, users))
+            if lean and full:
+                tokenizer = [
+                    r["cpu_ms_per_request"].get("tokenizer", {}).get("total_ms")
+                    for r in (lean, full)
+                ]
+                out[str(users)] = {
+                    "sentences_per_s": round(lean["sentences_per_s"] / full["sentences_per_s"], 4),
+                    "p50_ms": round(lean["p50_ms"] / full["p50_ms"], 4),
+                    "tokenizer_cpu_ms": tokenizer,
+                }
+        return out
+
+    return {
+        "rows": rows,
+        "lean_over_traced": shares(TRACED_PATH),
+        "lean_over_bentoml": shares(BENTOML_PATH),
+    }
 
 
 def results(
@@ -417,7 +429,9 @@ def holds_back(results: dict) -> list[str]:
             f"threads), {v['other_threads_ms']:.3f} on its other threads"
         )
         traced = {
-            r["users"]: r for r in results.get("paths", {}).get("rows", []) if r["system"] != STACK
+            r["users"]: r
+            for r in results.get("paths", {}).get("rows", [])
+            if r["system"] == BENTOML_PATH
         }.get(middle)
         if traced and name in traced["cpu_ms_per_request"]:
             said += (
@@ -482,6 +496,35 @@ def took(meta: dict) -> str:
         dt.datetime.fromisoformat(meta["date"]) - dt.datetime.fromisoformat(meta["started"])
     ).total_seconds() / 60
     return f" The run took {minutes:.0f} minutes (raw sweep, servers' start and every point)."
+
+
+def tracing_cost(paths: dict) -> list[str]:
+    """What turning ``trace_requests`` on costs (access log off), and the access log on top, from
+    the lean-path rows: the tokenizer's CPU per request and the throughput, by users."""
+    by = {(r["system"], r["users"]): r for r in paths["rows"]}
+    lines = []
+    for users in sorted({u for _, u in by}):
+        lean, traced, logged = (by.get((s, users)) for s in PATH_SYSTEMS)
+        if not (lean and traced):
+            continue
+
+        def tok(r: dict) -> float:
+            return r["cpu_ms_per_request"].get("tokenizer", {}).get("total_ms", 0.0)
+
+        said = (
+            f"- {users} users: tracing on costs the tokenizer {tok(traced) - tok(lean):+.3f} ms "
+            f"of CPU per request ({tok(lean):.3f} → {tok(traced):.3f}) and serves "
+            f"{traced['sentences_per_s'] / lean['sentences_per_s']:.2f}× the lean path's "
+            "sentences/s"
+        )
+        if logged:
+            said += f"; the access log on top adds {tok(logged) - tok(traced):+.3f} ms"
+        lines.append(said + ".")
+    return (
+        ["", "What the tracing setting costs (medians of the rows above):", "", *lines]
+        if lines
+        else []
+    )
 
 
 def markdown(results: dict) -> str:
@@ -562,17 +605,22 @@ def markdown(results: dict) -> str:
     if (paths := results.get("paths")) and paths["lean_over_bentoml"]:
         lines += [
             "",
-            "The lean path against BentoML's own path (the same graph with its hot routes traced and "
-            "the access log on, `BUNDLE_TOKENIZER_TRACE_REQUESTS`, `BUNDLE_ONNX_TRACE_REQUESTS`, "
-            "`BUNDLE_TOKENIZER_ACCESS_LOG`), chat:",
+            "The lean path against BentoML's own path, chat: the same graph with its hot routes "
+            f"traced (`{TRACED_PATH}`: `BUNDLE_TOKENIZER_TRACE_REQUESTS`, "
+            "`BUNDLE_ONNX_TRACE_REQUESTS`), and traced with the access log on too "
+            f"(`{BENTOML_PATH}`: and `BUNDLE_TOKENIZER_ACCESS_LOG`):",
             "",
             "| users | system | sentences/s [spread] | p50 ms | p99 ms | CPU ms per request: main + other threads |",
             "|---:|---|---:|---:|---:|---|",
         ]
         lines += [
             f"| {r['users']} | {r['system']} | {r['sentences_per_s']:.0f} [{r['spread'][0]:.0f}, {r['spread'][1]:.0f}] | {r['p50_ms']:.1f} | {r['p99_ms']:.0f} | {_cpu_cell(r)} |"
-            for r in sorted(paths["rows"], key=lambda r: (r["users"], r["system"] != STACK))
+            for r in sorted(
+                paths["rows"],
+                key=lambda r: (r["users"], PATH_SYSTEMS.index(r["system"])),
+            )
         ]
+        lines += tracing_cost(paths)
     lines += where_time_goes(results)
     checks = checked(results)
     lines += ["", "| target | met | measured |", "|---|---|---|"]

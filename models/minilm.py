@@ -14,13 +14,14 @@ from serving.engines.onnx import OnnxEngine
 from serving.features import load_tokenizer, pad, tokenize
 
 
-def load() -> tuple[object, OnnxEngine]:
+def load(*, spinning: bool = True) -> tuple[object, OnnxEngine]:
     tokenizer = load_tokenizer(store.path_of(contracts.TOKENIZER) / "tokenizer.json")
     engine = OnnxEngine(
         store.path_of(contracts.ONNX_FP32) / "model.onnx",
         contracts.SENTENCE_EMBEDDING,
         threads=2,
         providers=["CPUExecutionProvider"],
+        spinning=spinning,
     )
     return tokenizer, engine
 

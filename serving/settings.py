@@ -49,7 +49,8 @@ class ServiceSettings(QueueSettings):
         "lean path (serving/hot_path.py): no span, no X-BentoML-Request-ID header; probes, docs "
         "and metrics stay traced. On: they go through BentoML's own path, which records a span "
         "per request and per ASGI message even when nothing samples them; make bench measures "
-        "that path, traced and with the access log on, against the lean one (loadtests/README.md).",
+        "that path against the lean one, traced with the access log off and on, and prints what "
+        "tracing alone costs per request (loadtests/README.md).",
     )
 
     def tracing(self, hot_routes: Iterable[str]) -> dict[str, Any]:

@@ -5,9 +5,9 @@ ONNX Runtime, and a simple dynamic batcher that sorts by length.
         --http httptools --loop uvloop --no-access-log
 
 Requests are tokenized on the event loop and queued; one loop takes everything waiting (up to
-``MAX_ROWS`` sentences), sorts it by length, runs it in sub-batches of ``BATCH`` on the engine
-thread, and answers each request. No admission control, no deadlines, no metrics: the baseline a
-stack has to beat for its features to be worth their cost.
+``MAX_ROWS`` sentences), sorts it by length, runs it in sub-batches of at most ``BATCH_TOKENS``
+padded tokens on the engine thread, and answers each request. No admission control, no deadlines,
+no metrics: the baseline a stack has to beat for its features to be worth their cost.
 """
 
 from __future__ import annotations
@@ -29,9 +29,15 @@ from serving import contracts
 from serving.features import pad, tokenize
 
 MAX_ROWS = 256  # sentences taken per round
-BATCH = 32  # sentences per engine call, after sorting by length
+# Padded tokens per engine call, after sorting by length. A fixed row count (32) let one long
+# sentence pad a whole sub-batch: feeding the engine 64 chat sentences a round, its CPU per
+# sentence was 13.4 ms in sub-batches of 32 rows and 8.0 ms in sub-batches of 512 tokens.
+BATCH_TOKENS = 512
 
-tokenizer, engine = minilm.load()
+# ORT's intra-op threads spin while they wait for work; on 2 cores that takes a core from the
+# event loop that tokenizes and answers. Off, this server served 154 chat sentences/s at 64
+# connections against 129 with spinning (2 runs each).
+tokenizer, engine = minilm.load(spinning=False)
 executor = ThreadPoolExecutor(1)
 queue: asyncio.Queue[tuple[list[list[int]], asyncio.Future]] = asyncio.Queue()
 
@@ -39,9 +45,13 @@ queue: asyncio.Queue[tuple[list[list[int]], asyncio.Future]] = asyncio.Queue()
 def run_sorted(sequences: list[list[int]]) -> np.ndarray:
     order = sorted(range(len(sequences)), key=lambda i: len(sequences[i]))
     out = np.empty((len(sequences), contracts.EMBEDDING_DIM), dtype=np.float32)
-    for start in range(0, len(order), BATCH):
-        rows = order[start : start + BATCH]
-        out[rows] = engine(pad([sequences[i] for i in rows]))
+    rows: list[int] = []
+    for i in order:  # ascending length: the newest row is the widest
+        if rows and (len(rows) + 1) * len(sequences[i]) > BATCH_TOKENS:
+            out[rows] = engine(pad([sequences[r] for r in rows]))
+            rows = []
+        rows.append(i)
+    out[rows] = engine(pad([sequences[r] for r in rows]))
     return out
 
 

@@ -244,29 +244,33 @@ def test_classify_is_measured_for_head_tenants_and_whole_models(results) -> None
 
 
 def test_the_lean_path_is_measured_against_bentomls_own_path(results) -> None:
+    """Traced with the access log off (the tracing setting's own cost) and on."""
     data, out = results
-    from loadtests.points import BENTOML_PATH, STACK
+    from loadtests.points import BENTOML_PATH, PATH_SYSTEMS, STACK, TRACED_PATH
 
     paths = data["paths"]
     seen = {(r["system"], r["users"]) for r in paths["rows"]}
     users, middle = data["meta"]["users"], data["meta"]["middle"]  # the run's, quick or not
-    assert seen == {(s, u) for s in (STACK, BENTOML_PATH) for u in (min(users), middle)}
+    assert seen == {(s, u) for s in PATH_SYSTEMS for u in (min(users), middle)}
     for row in paths["rows"]:
         assert row["sentences_per_s"] > 0 and row["failures"] == 0
         assert row["cpu_ms_per_request"]["tokenizer"]["total_ms"] > 0
     by = {(r["system"], r["users"]): r for r in paths["rows"]}
-    for users, share in paths["lean_over_bentoml"].items():
-        lean, full = by[(STACK, int(users))], by[(BENTOML_PATH, int(users))]
-        assert math.isclose(
-            share["sentences_per_s"],
-            lean["sentences_per_s"] / full["sentences_per_s"],
-            rel_tol=1e-3,
-        )
-        assert math.isclose(share["p50_ms"], lean["p50_ms"] / full["p50_ms"], rel_tol=1e-3)
-        assert share["tokenizer_cpu_ms"] == [
-            r["cpu_ms_per_request"]["tokenizer"]["total_ms"] for r in (lean, full)
-        ]
-    assert "BentoML's own path" in (out / "results.md").read_text()
+    for key, other in (("lean_over_traced", TRACED_PATH), ("lean_over_bentoml", BENTOML_PATH)):
+        assert set(paths[key]) == {str(min(users)), str(middle)}
+        for users_, share in paths[key].items():
+            lean, full = by[(STACK, int(users_))], by[(other, int(users_))]
+            assert math.isclose(
+                share["sentences_per_s"],
+                lean["sentences_per_s"] / full["sentences_per_s"],
+                rel_tol=1e-3,
+            )
+            assert math.isclose(share["p50_ms"], lean["p50_ms"] / full["p50_ms"], rel_tol=1e-3)
+            assert share["tokenizer_cpu_ms"] == [
+                r["cpu_ms_per_request"]["tokenizer"]["total_ms"] for r in (lean, full)
+            ]
+    text = (out / "results.md").read_text()
+    assert "BentoML's own path" in text and "What the tracing setting costs" in text
 
 
 def test_every_missed_target_says_what_holds_it_back(results) -> None:

@@ -4,7 +4,7 @@ in the explanation are the quotients and sums of those rows, and a met target is
 from __future__ import annotations
 
 from loadtests.points import FASTAPI, HANDWRITTEN, INT8, NAIVE, NOBATCH, STACK, Point
-from loadtests.report import holds_back, markdown, ratios, restarts
+from loadtests.report import holds_back, markdown, ratios, restarts, tracing_cost
 
 USERS = [1, 64]
 
@@ -163,3 +163,15 @@ def test_a_missed_per_process_target_names_bentomls_own_path_and_the_profile() -
     assert "0.370 ms on its main thread" in line
     assert "on BentoML's own path (traced, access log on) 1.120 on its main thread" in line
     assert "`make profile` (loadtests/README.md)" in line
+
+
+def test_the_tracing_setting_is_costed_apart_from_the_access_log() -> None:
+    lean = row(STACK, "chat", 64, 500, 10.0, cpu(tokenizer=(0.40, 0.0)))
+    traced = row("stack, traced", "chat", 64, 400, 12.0, cpu(tokenizer=(0.90, 0.0)))
+    logged = row("stack, BentoML's path", "chat", 64, 380, 12.5, cpu(tokenizer=(1.10, 0.0)))
+    lines = tracing_cost({"rows": [logged, lean, traced]})
+    assert lines[-1] == (
+        "- 64 users: tracing on costs the tokenizer +0.500 ms of CPU per request (0.400 → 0.900) "
+        "and serves 0.80× the lean path's sentences/s; the access log on top adds +0.200 ms."
+    )
+    assert tracing_cost({"rows": [lean, logged]}) == []  # no traced-only row: nothing to cost
