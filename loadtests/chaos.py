@@ -45,6 +45,8 @@ from models import corpus
 
 BULK = 32
 CLIENT_TIMEOUT_S = 30.0
+# The reasons admission gives when it refuses a request on arrival (serving/batching/admission.py).
+ADMISSION_REASONS = ("queue full", "cannot finish within")
 # fp32 embeddings of one text differ only by float rounding across batch shapes (~1e-7).
 MAX_ABS_DIFF = 1e-5
 
@@ -59,6 +61,17 @@ class Outcome:
     # A 503 for a request that was admitted and whose deadline passed while it waited (the stack
     # slowed after admitting it), as against one refused at the door: the server's reason says.
     expired: bool = False
+    # A 429/503 whose reason is admission's (queue full, or the work ahead cannot finish within
+    # the deadline), as against any other 503 (a runner unreachable while it restarts).
+    at_admission: bool = False
+
+
+def refusal(status: int, body: str) -> tuple[bool, bool]:
+    """Whether an answer is an admitted request whose deadline passed while it waited, and
+    whether it is a refusal at admission, by the reason the server gives."""
+    expired = status == 503 and "deadline passed" in body
+    at_admission = status in (429, 503) and any(reason in body for reason in ADMISSION_REASONS)
+    return expired, at_admission
 
 
 @dataclass
@@ -90,6 +103,7 @@ class Phase:
             "served_p99_ms": _ms(_quantile([o.latency_s for o in ok], 0.99)),
             "refused": len(shed),
             "refused_without_retry_after": sum(o.retry_after is None for o in shed + expired),
+            "refused_at_admission": sum(o.at_admission for o in shed),
             "refusal_p50_ms": _ms(_quantile([o.latency_s for o in shed], 0.5)),
             "refusal_p99_ms": _ms(_quantile([o.latency_s for o in shed], 0.99)),
             "expired": len(expired),
@@ -171,7 +185,7 @@ class Load:
             resp = await self.client.post("/embed", json={"texts": texts})
             outcome = Outcome(sent, time.monotonic() - sent, resp.status_code)
             outcome.retry_after = resp.headers.get("retry-after")
-            outcome.expired = resp.status_code == 503 and "deadline passed" in resp.text
+            outcome.expired, outcome.at_admission = refusal(resp.status_code, resp.text)
             if resp.status_code == 200 and (why := self.wrong(texts, resp.json()["embeddings"])):
                 outcome.status, outcome.error = -1, f"wrong answer: {why}"
             elif resp.status_code not in (200, 429, 503):

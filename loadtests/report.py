@@ -500,7 +500,8 @@ def took(meta: dict) -> str:
 
 def tracing_cost(paths: dict) -> list[str]:
     """What turning ``trace_requests`` on costs (access log off), and the access log on top, from
-    the lean-path rows: the tokenizer's CPU per request and the throughput, by users."""
+    the lean-path rows: the main-thread CPU per request of the two processes a chat request goes
+    through (both traced; the engine's threads are not) and the throughput, by users."""
     by = {(r["system"], r["users"]): r for r in paths["rows"]}
     lines = []
     for users in sorted({u for _, u in by}):
@@ -508,17 +509,24 @@ def tracing_cost(paths: dict) -> list[str]:
         if not (lean and traced):
             continue
 
-        def tok(r: dict) -> float:
-            return r["cpu_ms_per_request"].get("tokenizer", {}).get("total_ms", 0.0)
+        def cpu(r: dict, process: str) -> float:  # the main thread: the engine's are not traced
+            return r["cpu_ms_per_request"][process]["main_ms"]
 
+        costs = "; ".join(
+            f"{process} {cpu(traced, process) - cpu(lean, process):+.3f} ms "
+            f"({cpu(lean, process):.3f} → {cpu(traced, process):.3f})"
+            for process in ("tokenizer", "onnx_runner")
+        )
         said = (
-            f"- {users} users: tracing on costs the tokenizer {tok(traced) - tok(lean):+.3f} ms "
-            f"of CPU per request ({tok(lean):.3f} → {tok(traced):.3f}) and serves "
+            f"- {users} users: tracing on costs, in main-thread CPU per request, {costs}; it serves "
             f"{traced['sentences_per_s'] / lean['sentences_per_s']:.2f}× the lean path's "
             "sentences/s"
         )
         if logged:
-            said += f"; the access log on top adds {tok(logged) - tok(traced):+.3f} ms"
+            said += (
+                f"; the access log on top adds {cpu(logged, 'tokenizer') - cpu(traced, 'tokenizer'):+.3f}"
+                " ms to the tokenizer"
+            )
         lines.append(said + ".")
     return (
         ["", "What the tracing setting costs (medians of the rows above):", "", *lines]

@@ -29,14 +29,16 @@ from serving import contracts
 from serving.features import pad, tokenize
 
 MAX_ROWS = 256  # sentences taken per round
-# Padded tokens per engine call, after sorting by length. A fixed row count (32) let one long
-# sentence pad a whole sub-batch: feeding the engine 64 chat sentences a round, its CPU per
-# sentence was 13.4 ms in sub-batches of 32 rows and 8.0 ms in sub-batches of 512 tokens.
+# Padded tokens per engine call, after sorting by length. A fixed row count (32, this server's
+# first version) let one long sentence pad a whole sub-batch of short ones; on CPU a batch saves
+# little per sentence beyond the call's overhead, and padding costs in full.
 BATCH_TOKENS = 512
 
 # ORT's intra-op threads spin while they wait for work; on 2 cores that takes a core from the
-# event loop that tokenizes and answers. Off, this server served 154 chat sentences/s at 64
-# connections against 129 with spinning (2 runs each).
+# event loop, which tokenizes and answers the next requests while the engine runs. (The FastAPI
+# baseline keeps the default: its loop waits for each engine call.) This and the cut above took
+# this server from 147 to 227 chat sentences/s at 64 connections here, 2 runs each, measured once
+# with a script that is not in the tree; `make bench` records what it serves now.
 tokenizer, engine = minilm.load(spinning=False)
 executor = ThreadPoolExecutor(1)
 queue: asyncio.Queue[tuple[list[list[int]], asyncio.Future]] = asyncio.Queue()

@@ -45,7 +45,8 @@ class OnnxEngine:
         options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
         # Intra-op threads keep ORT's default (spin while waiting) in the runners: turning spinning
         # off, to leave the cores to the tokenizer process, measured ~7 % slower for both chat and
-        # bulk here. ``spinning=False`` is for an engine that shares its process with an event loop.
+        # bulk here. ``spinning=False`` is for an engine whose process has other work to do while
+        # it runs (the hand-written baseline's event loop, taking the next requests).
         if not spinning:
             options.add_session_config_entry("session.intra_op.allow_spinning", "0")
         self.session = ort.InferenceSession(str(path), options, providers=providers)

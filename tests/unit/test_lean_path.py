@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import subprocess
@@ -34,12 +35,32 @@ SERVICES = {
 def service_config(target: str, env: dict[str, str]) -> dict:
     """A service's BentoML config as `bentoml serve` would build it (fresh process: settings are
     read at import)."""
+    return built(target, tuple(sorted(env.items())))["config"]
+
+
+@functools.cache
+def built(target: str, env: tuple[tuple[str, str], ...]) -> dict:
+    """A service imported in a fresh process with ``env`` (settings are read at import): its
+    BentoML config, and the paths its worker app answers on the lean path as built at its first
+    request (its middlewares built and BentoML's metrics set up, as its lifespan would). One
+    process per service and settings, shared by the tests that read either."""
     module, name = target.split(":")
-    code = (
-        f"import json; from {module} import {name} as s; print(json.dumps(s.config, default=str))"
-    )
+    code = f"""
+import json
+from bentoml._internal.server.http.instruments import RunnerTrafficMetricsMiddleware
+from {module} import {name} as service
+config = json.dumps(service.config, default=str)
+app = service.to_asgi(is_main=True)
+layer = app.app.middleware_stack = app.app.build_middleware_stack()
+while layer is not None:
+    if isinstance(layer, RunnerTrafficMetricsMiddleware):
+        layer._setup()
+    layer = getattr(layer, "app", None)
+print(json.dumps({{"config": json.loads(config), "kind": type(app).__name__,
+                  "routes": sorted(app.routes())}}))
+"""
     proc = subprocess.run(
-        [sys.executable, "-c", code], cwd=ROOT, env={**os.environ, **env},
+        [sys.executable, "-c", code], cwd=ROOT, env={**os.environ, **dict(env)},
         capture_output=True, text=True, timeout=120,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-2000:]
@@ -82,29 +103,10 @@ LEAN = {
 
 
 def lean_routes(target: str, env: dict[str, str]) -> list[str]:
-    """The paths a service's worker app answers on the lean path, as built at its first request
-    (its middlewares built and BentoML's metrics set up, as its lifespan would)."""
-    module, name = target.split(":")
-    code = f"""
-import json
-from bentoml._internal.server.http.instruments import RunnerTrafficMetricsMiddleware
-from {module} import {name} as service
-app = service.to_asgi(is_main=True)
-layer = app.app.middleware_stack = app.app.build_middleware_stack()
-while layer is not None:
-    if isinstance(layer, RunnerTrafficMetricsMiddleware):
-        layer._setup()
-    layer = getattr(layer, "app", None)
-print(json.dumps([type(app).__name__, sorted(app.routes())]))
-"""
-    proc = subprocess.run(
-        [sys.executable, "-c", code], cwd=ROOT, env={**os.environ, **env},
-        capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    kind, routes = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert kind == "HotPath"
-    return routes
+    """The paths a service's worker app answers on the lean path."""
+    app = built(target, tuple(sorted(env.items())))
+    assert app["kind"] == "HotPath"
+    return app["routes"]
 
 
 @pytest.mark.parametrize("target", SERVICES)
