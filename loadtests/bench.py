@@ -247,7 +247,7 @@ def main(argv: list[str] | None = None) -> int:
         f"benchmark: {'quick, ' if QUICK else ''}{args.seconds:.0f} s a point, users {USERS}, {args.repeats} repeats",
         flush=True,
     )
-    # A quick run times every plan on a third of the corpus, with its lengths (raw_engine.sample).
+    # A quick run times every plan on ~500 texts with the corpus's lengths (raw_engine.sample).
     repeats, texts = (1, 500) if QUICK else (3, None)
     raw = {
         "fp32": raw_engine(contracts.ONNX_FP32, repeats, texts),

@@ -503,15 +503,15 @@ def tracing_cost(paths: dict) -> list[str]:
     the lean-path rows: the main-thread CPU per request of the two processes a chat request goes
     through (both traced; the engine's threads are not) and the throughput, by users."""
     by = {(r["system"], r["users"]): r for r in paths["rows"]}
+
+    def cpu(r: dict, process: str) -> float:  # the main thread: the engine's are not traced
+        return r["cpu_ms_per_request"][process]["main_ms"]
+
     lines = []
     for users in sorted({u for _, u in by}):
         lean, traced, logged = (by.get((s, users)) for s in PATH_SYSTEMS)
         if not (lean and traced):
             continue
-
-        def cpu(r: dict, process: str) -> float:  # the main thread: the engine's are not traced
-            return r["cpu_ms_per_request"][process]["main_ms"]
-
         costs = "; ".join(
             f"{process} {cpu(traced, process) - cpu(lean, process):+.3f} ms "
             f"({cpu(lean, process):.3f} → {cpu(traced, process):.3f})"

@@ -97,7 +97,7 @@ def test_no_transport_error_outside_a_kill(report: dict) -> None:
 # BentoML's supervisor (circus) looks at its processes every 10 s (check_delay=10 in
 # bentoml/_internal/utils/circus: lower, it raises ConflictError at start), so a killed worker is
 # respawned at the next check, 0-10 s after the kill, then starts: well inside the probe's 60 s
-# (the time each took is printed; the README quotes `make chaos`'s).
+# (the time each took is printed; the README quotes a `make chaos` run's).
 @pytest.mark.parametrize("service", ["onnx_runner", "tokenizer"])
 def test_a_killed_worker_is_restarted_and_the_stack_serves_again(
     report: dict, service: str
