@@ -33,6 +33,7 @@ class OnnxEngine:
         name: str = "onnx",
         memory_arena: bool = True,
         spinning: bool = True,
+        spin_between_runs: bool = True,
     ) -> None:
         """``memory_arena=False`` for many small sessions: the per-session arena kept 40 tenant
         models at 1.45x their file size resident, 1.08x without it (measured here)."""
@@ -49,6 +50,11 @@ class OnnxEngine:
         # it runs (the hand-written baseline's event loop, taking the next requests).
         if not spinning:
             options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+        # ``spin_between_runs=False``: spin within a run (each operator's parallel section starts
+        # at once) but stop when it ends, so the threads leave the cores to the processes that
+        # answer the request. For the runner's solo sessions, which run when nothing else waits.
+        if not spin_between_runs:
+            options.add_session_config_entry("session.force_spinning_stop", "1")
         self.session = ort.InferenceSession(str(path), options, providers=providers)
         check_contract(
             contract,
