@@ -51,8 +51,9 @@ class OnnxEngine:
         if not spinning:
             options.add_session_config_entry("session.intra_op.allow_spinning", "0")
         # ``spin_between_runs=False``: spin within a run (each operator's parallel section starts
-        # at once) but stop when it ends; by default the idle threads go on spinning (~40 ms of
-        # CPU in the 50 ms after a run, tests/integration/test_onnx_sessions.py), taking a core
+        # at once) but stop when it ends; by default the idle threads go on spinning (measured:
+        # ~40 ms of CPU in the 50 ms after a run; tests/integration/test_onnx_sessions.py pins the
+        # difference), taking a core
         # from the processes that answer the request. For the ONNX runner's solo sessions, which
         # run when nothing else waits.
         if not spin_between_runs:
