@@ -17,15 +17,19 @@ MAX_EXAMPLES = (
     10_000  # texts per tenant-runner call: a training set at most (a classify: far fewer)
 )
 
+# Strict ints: pydantic's lax int takes JSON true as 1 (and 5.0, "5"); an id is a JSON integer.
+# Strict is checked in pydantic-core's Rust, so it costs the hot path nothing per token.
 Sequence_ = Annotated[
-    list[Annotated[int, Field(ge=0, lt=MINILM_VOCAB)]], Field(min_length=1, max_length=MAX_SEQ_LEN)
+    list[Annotated[int, Field(strict=True, ge=0, lt=MINILM_VOCAB)]],
+    Field(min_length=1, max_length=MAX_SEQ_LEN),
 ]
 TokenIds = Annotated[list[Sequence_], Field(min_length=1, max_length=MAX_SEQUENCES)]
 # SentencePiece ids, as tenant models take them.
 SpmIds = Annotated[
     list[
         Annotated[
-            list[Annotated[int, Field(ge=0, lt=SPM_VOCAB)]], Field(min_length=1, max_length=512)
+            list[Annotated[int, Field(strict=True, ge=0, lt=SPM_VOCAB)]],
+            Field(min_length=1, max_length=512),
         ]
     ],
     Field(min_length=1, max_length=MAX_EXAMPLES),

@@ -212,6 +212,9 @@ def test_runner_embed_api_checks_token_ids(runner: str) -> None:
         {"ids": [[]]},
         {"ids": [[-1]]},
         {"ids": [[30522]]},
+        {"ids": [[101, True, 102]]},  # pydantic's lax int would take JSON true as the id 1
+        {"ids": [[101, 2023.0, 102]]},
+        {"ids": [[101, "2023", 102]]},
         {"ids": [IDS], "variant": "fp16"},
     ):
         resp = httpx.post(f"{runner}/embed", json=bad)
