@@ -17,8 +17,10 @@ MAX_EXAMPLES = (
     10_000  # texts per tenant-runner call: a training set at most (a classify: far fewer)
 )
 
-# Strict ints: pydantic's lax int takes JSON true as 1 (and 5.0, "5"); an id is a JSON integer.
-# Strict is checked in pydantic-core's Rust, so it costs the hot path nothing per token.
+# Strict ints: pydantic's lax int takes true as 1 (and 5.0, "5"); an id is an integer, a JSON one
+# over HTTP, a Python int over the tokenizer's pickled hop (tokenizers' and SentencePiece's ids are
+# Python ints; a NumPy integer would be refused). The check is pydantic-core's, in Rust, as the
+# lax one was.
 Sequence_ = Annotated[
     list[Annotated[int, Field(strict=True, ge=0, lt=MINILM_VOCAB)]],
     Field(min_length=1, max_length=MAX_SEQ_LEN),

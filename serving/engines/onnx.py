@@ -44,18 +44,21 @@ class OnnxEngine:
         options.intra_op_num_threads = threads
         options.inter_op_num_threads = 1
         options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
-        # Intra-op threads spin while waiting within a run in the runners (ORT's default): turning
-        # spinning off, to leave the cores to the tokenizer process, measured ~7 % slower for both
-        # chat and bulk here. ``spinning=False`` is for an engine whose process has other work to
-        # do while it runs (the hand-written baseline's event loop, taking the next requests).
+        # ORT's default: a session of more than one thread has a pool whose idle threads spin
+        # waiting for work, within a run and for a while after it (a one-thread session, as on the
+        # runners' lanes, has no pool). Turning spinning off in the runners' one-lane layout, to
+        # leave the cores to the tokenizer process, measured ~7 % slower for both chat and bulk
+        # here. ``spinning=False`` is for an engine whose process has other work to do while it
+        # runs (the hand-written baseline's event loop, taking the next requests).
         if not spinning:
             options.add_session_config_entry("session.intra_op.allow_spinning", "0")
         # ``spin_between_runs=False``: spin within a run (each operator's parallel section starts
-        # at once) but stop when it ends; by default the idle threads go on spinning (measured:
-        # ~40 ms of CPU in the 50 ms after a run; tests/integration/test_onnx_sessions.py pins the
-        # difference), taking a core
-        # from the processes that answer the request. For the ONNX runner's solo sessions, which
-        # run when nothing else waits.
+        # at once) but stop when it ends; by default the idle threads go on spinning, taking a
+        # core from the processes that answer the request (on this 2-core machine, ~40 ms of the
+        # process's CPU in the 50 ms after a run, against ~0.1 ms with the entry: ORT bounds the
+        # spin by a count of pause instructions, so the time is the CPU's;
+        # tests/integration/test_onnx_sessions.py pins the difference). For the ONNX runner's
+        # solo sessions, which run when nothing else waits.
         if not spin_between_runs:
             options.add_session_config_entry("session.force_spinning_stop", "1")
         self.session = ort.InferenceSession(str(path), options, providers=providers)

@@ -25,6 +25,7 @@ def idle_cpu_ms(engine) -> float:
     """CPU this process spends in the 50 ms after one run of ``engine``, while nothing runs: an
     engine whose threads spin between runs keeps a core busy meanwhile."""
     feeds = pad([[101, 7592, 2088, 102]])
+    time.sleep(0.2)  # any other session's threads, spinning after an earlier run, have stopped
     engine(feeds)  # the first run builds the session's buffers
     engine(feeds)
     started = time.process_time()
@@ -39,7 +40,7 @@ def runner():
     return OnnxRunner.inner()  # the service class itself: its sessions, without a server
 
 
-def test_solo_sessions_stop_spinning_between_runs_and_lane_sessions_keep_orts_default(
+def test_solo_sessions_stop_spinning_between_runs_and_the_others_keep_orts_default(
     runner,
 ) -> None:
     from runners.onnx.service import SETTINGS
@@ -59,20 +60,21 @@ def test_solo_sessions_stop_spinning_between_runs_and_lane_sessions_keep_orts_de
 
 
 def test_a_solo_session_leaves_the_cores_idle_after_a_run(runner) -> None:
-    """What the setting does, seen from outside: after a run, a solo session's threads take no
-    CPU, where the same model on the same threads with ORT's default spins."""
+    """What the setting does, seen from outside: in the 50 ms after a run, the process spends
+    under 5 ms of CPU with a solo session, where the same model on the same threads with ORT's
+    default spins past it. A CPU figure over an idle window, not a latency."""
     from runners.onnx.service import SETTINGS
     from serving.engines.onnx import OnnxEngine
 
     if SETTINGS.lane_count == 1:
         pytest.fail("this machine's defaults build no solo session (one lane): nothing to check")
-    solo = runner.batchers["fp32"].solo
+    # the solo session first: the other's threads, once started, could spin through its window
+    stopped = idle_cpu_ms(runner.batchers["fp32"].solo)
     spinning = OnnxEngine(
         runner.fp32.path_of("model.onnx"),
         contracts.SENTENCE_EMBEDDING,
         threads=SETTINGS.lane_count,
         providers=SETTINGS.providers,
     )
-    # the solo session first: the other's threads, once run, would spin through its measurement
-    stopped, spun = idle_cpu_ms(solo), idle_cpu_ms(spinning)
+    spun = idle_cpu_ms(spinning)
     assert stopped < 5 < spun, (stopped, spun)  # measured here: ~0.1 ms against ~40 ms
