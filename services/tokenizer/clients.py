@@ -5,15 +5,17 @@ themselves) or a URL (one container each; answers arrive as JSON): ``_as`` turns
 declared type of ``serving.protocol``. Every call retries once on a dead connection and passes a
 runner's overload (429/503 + Retry-After) and the caller's mistakes (4xx) through as they are.
 
-The hot calls (embed, classify) go through ``_post``: BentoML's own connection to the runner and
-its wire format, without its generic client's per-call work (see there).
+The hot calls (embed, classify) go through ``HotCalls``: BentoML's wire format to the runner, on a
+lean HTTP/1.1 connection (services/tokenizer/hop.py), without its generic client's per-call work.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import pickle
 from collections.abc import Awaitable, Callable, Mapping
+from http import HTTPStatus
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -26,6 +28,7 @@ from bentoml.exceptions import BentoMLException
 from pydantic import BaseModel
 
 from services.tokenizer.coalesce import Embedded
+from services.tokenizer.hop import HopClient, hop_for
 from serving.errors import ApiError, Overloaded
 from serving.protocol import (
     Classified,
@@ -63,7 +66,7 @@ async def _call(runner: str, send: Callable[[], Awaitable[Any]]) -> Any:
     for attempt in (1, 2):
         try:
             return await send()
-        except (aiohttp.ClientConnectionError, TimeoutError) as exc:
+        except (aiohttp.ClientConnectionError, ConnectionError, TimeoutError) as exc:
             if attempt == 2:
                 raise RunnerUnavailable(runner, type(exc).__name__) from exc
         except BentoMLException as exc:
@@ -84,31 +87,56 @@ _PICKLE = PickleSerde()
 PICKLE = _PICKLE.media_type
 
 
-async def _post(
-    client: Any, api: str, body: dict[str, Any], headers: Mapping[str, str] | None = None
-) -> Any:
-    """Call a runner API as BentoML's client would, on its connection: pickle in the graph, JSON
-    by URL (the client's ``media_type``), BentoML's status-to-exception mapping. What it leaves
-    out, per call: validating our own arguments with pydantic before sending them (the runner
-    validates them), OpenTelemetry's header propagation (the hot routes are not traced), an
-    async-iterator body, and validating the answer into a model again. bentoml is pinned;
-    tests/unit/test_clients.py pins that the runner reads these calls and that the answers equal
-    BentoML's client's."""
-    session = await client._session_manager.get_session()
-    pickled = client.media_type == PICKLE
-    data = pickle.dumps(body, protocol=5) if pickled else orjson.dumps(body)
-    sent = {"content-type": client.media_type, **(headers or {})}
-    async with session.post(client.endpoints[api].route, data=data, headers=sent) as resp:
-        if not resp.ok:
-            raise await map_exception(resp)
-        raw = await resp.read()
-        if not pickled:
-            return orjson.loads(raw)
-        # BentoML's pickle body: the pickle, then its out-of-band buffers (the arrays' bytes).
-        lengths = resp.headers.get("buffer-lengths")
-        return _PICKLE.deserialize_value(
-            Payload((raw,), {"buffer-lengths": lengths} if lengths else {})
-        )
+class HotCalls:
+    """A runner's hot APIs (embed, classify), called as BentoML's client would call them: pickle in
+    the graph, JSON by URL (the client's ``media_type``), BentoML's status-to-exception mapping,
+    but on the lean hop (services/tokenizer/hop.py) where there is one. What it leaves out, per
+    call: validating our own arguments with pydantic before sending them (the runner validates
+    them), OpenTelemetry's header propagation (the hot routes are not traced), an async-iterator
+    body, and validating the answer into a model again. bentoml is pinned; tests/unit/test_clients.py
+    pins that the runner reads these calls and that the answers equal BentoML's client's."""
+
+    def __init__(self, client: Any) -> None:
+        self.client = client
+        self._hop: HopClient | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    async def post(
+        self, api: str, body: dict[str, Any], headers: Mapping[str, str] | None = None
+    ) -> Any:
+        pickled = self.client.media_type == PICKLE
+        data = pickle.dumps(body, protocol=5) if pickled else orjson.dumps(body)
+        sent = {"content-type": self.client.media_type, **(headers or {})}
+        route = self.client.endpoints[api].route
+        hop = self._hop_here()
+        if hop is None:
+            session = await self.client._session_manager.get_session()
+            async with session.post(route, data=data, headers=sent) as resp:
+                if not resp.ok:
+                    raise await map_exception(resp)
+                return _decode(pickled, await resp.read(), resp.headers.get("buffer-lengths"))
+        reply = await hop.post(route, data, sent)
+        if reply.status >= 400:  # as BentoML's map_exception does
+            status = HTTPStatus(reply.status)
+            error = BentoMLException.error_mapping.get(status, BentoMLException)
+            raise error(reply.body.decode("utf-8", "replace"), error_code=status)
+        return _decode(pickled, reply.body, reply.headers.get("buffer-lengths"))
+
+    def _hop_here(self) -> HopClient | None:
+        # One pool per event loop: connections belong to the loop that opened them.
+        loop = asyncio.get_running_loop()
+        if self._loop is not loop:
+            self._hop, self._loop = hop_for(self.client), loop
+        return self._hop
+
+
+def _decode(pickled: bool, raw: bytes, lengths: str | None) -> Any:
+    if not pickled:
+        return orjson.loads(raw)
+    # BentoML's pickle body: the pickle, then its out-of-band buffers (the arrays' bytes).
+    return _PICKLE.deserialize_value(
+        Payload((raw,), {"buffer-lengths": lengths} if lengths else {})
+    )
 
 
 def _budget(seconds: float) -> float:
@@ -130,25 +158,21 @@ class OnnxRunnerClient:
     """The ONNX runner, for one of its models (fp32 or int8)."""
 
     def __init__(self, proxy: Any, variant: Variant) -> None:
-        self.proxy = proxy
+        self.hot = HotCalls(proxy.to_async)
         self.variant = variant
 
     async def embed(self, ids: list[list[int]], deadline_s: float) -> Embedded:
         body = {"ids": ids, "variant": self.variant, "deadline_s": _budget(deadline_s)}
-        return _embedded(
-            await _call("onnx_runner", lambda: _post(self.proxy.to_async, "embed", body))
-        )
+        return _embedded(await _call("onnx_runner", lambda: self.hot.post("embed", body)))
 
 
 class TFRunnerClient:
     def __init__(self, proxy: Any) -> None:
-        self.proxy = proxy
+        self.hot = HotCalls(proxy.to_async)
 
     async def embed(self, ids: list[list[int]], deadline_s: float) -> Embedded:
         body = {"ids": ids, "deadline_s": _budget(deadline_s)}
-        return _embedded(
-            await _call("tf_runner", lambda: _post(self.proxy.to_async, "embed", body))
-        )
+        return _embedded(await _call("tf_runner", lambda: self.hot.post("embed", body)))
 
 
 # The tenant of every tenant-runner call, in a header: the proxy in front of tenant-runner replicas
@@ -163,6 +187,7 @@ class TenantRunnerClient:
 
     def __init__(self, proxy: Any) -> None:
         self.proxy = proxy.to_async
+        self.hot = HotCalls(self.proxy)
 
     def _for(self, tenant: str, api: str, **kwargs: Any) -> Callable[[], Awaitable[Any]]:
         # The registry's calls, with BentoML's client. It takes per-call headers only in ``_call``
@@ -186,7 +211,7 @@ class TenantRunnerClient:
             body["vectors"] = vectors.tolist()
         headers = {TENANT_HEADER: tenant}
         return _as(
-            Classified, await _call(self.name, lambda: _post(self.proxy, "classify", body, headers))
+            Classified, await _call(self.name, lambda: self.hot.post("classify", body, headers))
         )
 
     async def train(

@@ -4,6 +4,9 @@ in the same graph hands back the models themselves, a runner reached by URL hand
 from __future__ import annotations
 
 import asyncio
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from http import HTTPStatus
 from pathlib import Path
 from typing import Any
@@ -21,6 +24,7 @@ from services.tokenizer.clients import (
 )
 from serving.errors import ApiError, Overloaded
 from serving.protocol import Classified, Deleted, EmbedResult, Registered, TenantInfo
+from tests.unit.live_server import serving
 
 CLASSIFIED = Classified(intents=["greeting"], scores=[0.9], version="v1", cache="hit")
 REGISTERED = Registered(tenant="acme", version="v2", labels=["a", "b"], bytes=10, metrics={})
@@ -135,22 +139,38 @@ def runner_app(service: Any, answers: dict[str, Any], seen: list[tuple[str, str,
     return Starlette(routes=[*(api(n) for n in answers), Route("/schema.json", schema)])
 
 
-def proxy_of(service: Any, app: Any, in_graph: bool) -> Any:
-    """The client ``bentoml.depends`` gives the tokenizer: in the graph, the runner's service and
-    pickle; by URL, JSON and the endpoints from the runner's schema."""
+# How the tokenizer reaches a runner: in the graph on its Unix socket (pickle, the lean hop); by URL
+# (JSON over TCP, the lean hop); an in-process app (pickle, BentoML's own session).
+TRANSPORTS = ["unix", "tcp", "app"]
+
+
+@contextmanager
+def proxy_of(service: Any, app: Any, transport: str) -> Iterator[Any]:
+    """The client ``bentoml.depends`` gives the tokenizer, to ``app`` served on a real socket (or
+    in-process): in the graph, the runner's service and pickle; by URL, JSON and the endpoints
+    from the runner's schema."""
     from _bentoml_impl.client import RemoteProxy
+    from bentoml._internal.utils.uri import path_to_uri
 
     from services.tokenizer.clients import PICKLE
 
-    if in_graph:
-        service.inject_config()  # BentoML reads the runner's timeout from its config
-        return RemoteProxy("http://runner", service=service, media_type=PICKLE, app=app)
-    return RemoteProxy("http://runner", media_type="application/json", app=app)
+    service.inject_config()  # BentoML reads the runner's timeout from its config
+    if transport == "app":
+        yield RemoteProxy("http://runner", service=service, media_type=PICKLE, app=app)
+    elif transport == "unix":
+        with (
+            tempfile.TemporaryDirectory(prefix="hop") as tmp,
+            serving(app, f"{tmp}/r.sock") as sock,
+        ):
+            yield RemoteProxy(path_to_uri(sock), service=service, media_type=PICKLE)
+    else:
+        with serving(app) as url:
+            yield RemoteProxy(url, media_type="application/json")
 
 
-@pytest.mark.parametrize("in_graph", [True, False], ids=["same graph", "by URL"])
-def test_hot_calls_are_read_by_the_runner_and_answer_as_bentomls_client(in_graph: bool) -> None:
-    """The embed and classify calls skip BentoML's generic client (``_post``): the runner's own
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_hot_calls_are_read_by_the_runner_and_answer_as_bentomls_client(transport: str) -> None:
+    """The embed and classify calls skip BentoML's generic client (``HotCalls``): the runner's own
     serde reads exactly the arguments BentoML's client sends, and the answers are the same."""
     from runners.onnx.service import OnnxRunner
     from runners.tenants.service import TenantRunner
@@ -159,12 +179,7 @@ def test_hot_calls_are_read_by_the_runner_and_answer_as_bentomls_client(in_graph
     seen: list[tuple[str, str, Any]] = []
     vectors = np.full((1, 384), 0.5, np.float32)
 
-    async def main() -> list[Any]:
-        onnx = proxy_of(OnnxRunner, runner_app(OnnxRunner, {"embed": EMBEDDED}, seen), in_graph)
-        tf = proxy_of(TFRunner, runner_app(TFRunner, {"embed": EMBEDDED}, seen), in_graph)
-        tenants = proxy_of(
-            TenantRunner, runner_app(TenantRunner, {"classify": CLASSIFIED}, seen), in_graph
-        )
+    async def main(onnx: Any, tf: Any, tenants: Any) -> list[Any]:
         async with onnx.to_async, tf.to_async, tenants.to_async:
             ours = [
                 await OnnxRunnerClient(onnx, "int8").embed([[101, 102]], 2.0),
@@ -175,7 +190,14 @@ def test_hot_calls_are_read_by_the_runner_and_answer_as_bentomls_client(in_graph
             theirs = await onnx.to_async.embed(ids=[[101, 102]], variant="int8", deadline_s=2.0)
         return [*ours, theirs]
 
-    onnx, tf, by_ids, by_vectors, theirs = asyncio.run(main())
+    with (
+        proxy_of(OnnxRunner, runner_app(OnnxRunner, {"embed": EMBEDDED}, seen), transport) as onnx,
+        proxy_of(TFRunner, runner_app(TFRunner, {"embed": EMBEDDED}, seen), transport) as tf,
+        proxy_of(
+            TenantRunner, runner_app(TenantRunner, {"classify": CLASSIFIED}, seen), transport
+        ) as tenants,
+    ):
+        onnx, tf, by_ids, by_vectors, theirs = asyncio.run(main(onnx, tf, tenants))
     for result in (onnx, tf):
         assert result.vectors.dtype == np.float32
         np.testing.assert_array_equal(result.vectors, EMBEDDED.embeddings)
@@ -268,8 +290,8 @@ def test_bentoml_client_sends_the_tenant_header_to_the_runner() -> None:
     ]
 
 
-@pytest.mark.parametrize("in_graph", [True, False], ids=["same graph", "by URL"])
-def test_a_hot_calls_refusal_passes_through_with_its_status(in_graph: bool) -> None:
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_a_hot_calls_refusal_passes_through_with_its_status(transport: str) -> None:
     """A runner's 429/503 reaches the tokenizer as its overload (Retry-After kept), a 4xx as the
     caller's mistake, whatever the transport."""
     from starlette.applications import Starlette
@@ -294,9 +316,7 @@ def test_a_hot_calls_refusal_passes_through_with_its_status(in_graph: bool) -> N
             routes=[Route(path, endpoint, methods=["POST"]), Route("/schema.json", schema)]
         )
 
-    async def main() -> tuple[BaseException, BaseException]:
-        onnx = proxy_of(OnnxRunner, app(OnnxRunner, "/embed", shed), in_graph)
-        tenants = proxy_of(TenantRunner, app(TenantRunner, "/classify", unknown), in_graph)
+    async def main(onnx: Any, tenants: Any) -> tuple[BaseException, BaseException]:
         async with onnx.to_async, tenants.to_async:
             with pytest.raises(Overloaded) as overloaded:
                 await OnnxRunnerClient(onnx, "fp32").embed([[101, 102]], 2.0)
@@ -304,6 +324,10 @@ def test_a_hot_calls_refusal_passes_through_with_its_status(in_graph: bool) -> N
                 await TenantRunnerClient(tenants).classify("acme", [[5]], None)
         return overloaded.value, refused.value
 
-    overloaded, refused = asyncio.run(main())
+    with (
+        proxy_of(OnnxRunner, app(OnnxRunner, "/embed", shed), transport) as onnx,
+        proxy_of(TenantRunner, app(TenantRunner, "/classify", unknown), transport) as tenants,
+    ):
+        overloaded, refused = asyncio.run(main(onnx, tenants))
     assert overloaded.status == 429 and overloaded.headers() == {"Retry-After": "3"}
     assert refused.status == 404 and refused.message == "unknown tenant 'acme'"
