@@ -44,7 +44,7 @@ HEADS, MODELS = "stack, head tenants", "stack, per-tenant models"
 # The same graph with its hot routes traced: both hops of every request on BentoML's own stack,
 # what the lean path (serving/hot_path.py) is measured against, once with the access log off (the
 # cost of the tracing setting alone) and once with it on. (The tokenizer still calls the runner
-# with _post rather than BentoML's generic client: that part of the lean path is in all three.)
+# on its lean hop client, services/tokenizer/hop.py, not BentoML's: that part is in all three.)
 TRACED_PATH = "stack, traced"
 BENTOML_PATH = "stack, BentoML's path"
 TRACING = {"BUNDLE_TOKENIZER_TRACE_REQUESTS": "true", "BUNDLE_ONNX_TRACE_REQUESTS": "true"}

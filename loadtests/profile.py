@@ -64,7 +64,10 @@ _FILES: tuple[tuple[str, str], ...] = (
     (r"(^|/)(pydantic|pydantic_core)/", "validation (pydantic)"),
     (r"prometheus_client/", "metrics (prometheus_client)"),
     (r"uvicorn/|httptools|h11/", "HTTP (uvicorn)"),
-    (r"aiohttp/|httpx/|httpcore/", "HTTP client (the hop to the runner)"),
+    (
+        r"aiohttp/|httpx/|httpcore/|services/tokenizer/hop\.py",
+        "HTTP client (the hop to the runner)",
+    ),
     (r"starlette/|_?bentoml(_impl|_sdk)?/|opentelemetry/", "ASGI app, BentoML's machinery"),
     (r"asyncio/|uvloop/|anyio/|(^|/)selectors\.py|threading\.py", ASYNC),
     (r"serving/(hot_path|replies)\.py", "the lean route (serving/hot_path.py, replies.py)"),

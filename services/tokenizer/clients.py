@@ -60,9 +60,11 @@ def _body(text: str) -> dict[str, Any]:
 
 
 async def _call(runner: str, send: Callable[[], Awaitable[Any]]) -> Any:
-    # A keep-alive connection the runner has just closed (restart, idle timeout) fails before the
-    # runner reads the request, so one retry on a fresh connection is safe; a registry call retried
-    # after a runner died mid-way at worst publishes one more complete version.
+    # One retry on a fresh connection: for a keep-alive connection the runner closed as the call
+    # went out (restart, idle timeout), the call never reached it. A call cut mid-way or timed out
+    # may have been computed; computing an embedding or a classification twice costs the runner
+    # the work, nothing else, and a registry call retried after a runner died mid-way at worst
+    # publishes one more complete version.
     for attempt in (1, 2):
         try:
             return await send()

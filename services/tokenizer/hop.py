@@ -2,17 +2,23 @@
 itself uses) instead of BentoML's aiohttp session.
 
 Why not BentoML's session, as it comes:
-- Cost: aiohttp's request machinery took ~0.2 ms of the tokenizer's CPU a call against ~0.09 ms for
-  this client on the same Unix socket; the tokenizer makes one such call per request at one client.
+- Cost: aiohttp's request machinery is most of what a runner call costs the tokenizer's one
+  thread, and at one client the tokenizer makes one call a request. This client writes the
+  request in one go and reads the answer with httptools' C parser (the figures, measured A/B
+  against BentoML's session: the issue's notes).
 - Its refresh cuts calls in flight: BentoML's ``SessionManager`` replaces the session after
-  ``max_requests`` calls (100) or ``max_age`` seconds (300) and closes the old one, and aiohttp's
-  ``close`` closes the connections still waiting for an answer too. Under load every 100th call
-  fails the calls then in flight on the runner, which has already read (and will compute) them;
-  they are sent again. Here a connection retires after the same limits, but only once it is idle,
-  so every call reaches the runner once (tests/unit/test_hop.py).
+  ``max_requests`` calls (counted over all its connections) or ``max_age`` seconds, and closes the
+  old one, and aiohttp's ``close`` closes the connections still waiting for an answer too: calls the
+  runner has read fail, and are sent again. In the graph the runners' config turns the refresh off
+  (``runner_connection`` in runners/settings.py); for a runner reached by URL (one container each)
+  BentoML has no config to read, so its defaults apply: 100 calls or 300 s. Here each connection
+  retires after that many calls or seconds of its own, and only once it is idle, so every call
+  reaches the runner once (tests/unit/test_hop.py). (Retiring connections matters where a balancer
+  picks a replica per connection, a Kubernetes Service; HAProxy, in http mode, picks per request.)
 
 The addressing, limits and timeout are BentoML's own for the dependency (``hop_for``); a runner
-on https, or one served in-process, keeps BentoML's session.
+on https, behind a URL with a path, or served in-process keeps BentoML's session. Only the hot
+calls use it: the tenant registry's calls (rare, with files) stay on BentoML's client.
 """
 
 from __future__ import annotations
@@ -56,7 +62,7 @@ class _Connection(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         try:
             self.parser.feed_data(data)
-        except httptools.HttpParserError as exc:
+        except (httptools.HttpParserError, httptools.HttpParserUpgrade) as exc:
             self._fail(ConnectionError(f"unreadable answer from the runner: {exc}"))
             self.close()
 
@@ -74,9 +80,13 @@ class _Connection(asyncio.Protocol):
         self._body.append(body)
 
     def on_message_complete(self) -> None:
+        status = self.parser.get_status_code()
+        if 100 <= status < 200:  # an interim answer (100 Continue): the real one follows
+            self._headers, self._body = {}, []
+            return
         # Asked here: the parser forgets the answer's keep-alive once it has returned.
         self.keep_alive = self.parser.should_keep_alive()
-        reply = Reply(self.parser.get_status_code(), self._headers, b"".join(self._body))
+        reply = Reply(status, self._headers, b"".join(self._body))
         self._headers, self._body = {}, []
         if self._answer is not None and not self._answer.done():
             self._answer.set_result(reply)
@@ -115,8 +125,10 @@ class HopClient:
 
     Each call takes an idle connection or opens one, and gives it back when the answer is read
     whole; a call that fails, times out or is cancelled closes its connection (an answer may still
-    be on its way). Errors: ``ConnectionError`` when the runner cannot be reached or drops the
-    connection, ``TimeoutError`` after ``timeout`` seconds, connecting included.
+    be on its way). A connection retires after ``max_requests`` calls or ``max_age`` seconds, once
+    idle. Errors: ``ConnectionError`` when the runner cannot be reached or drops the connection,
+    ``TimeoutError`` after ``timeout`` seconds, waiting for a free connection and connecting
+    included (as aiohttp's total timeout).
     """
 
     def __init__(
@@ -135,7 +147,8 @@ class HopClient:
         self.timeout, self.max_age, self.max_requests = timeout, max_age, max_requests
         self.opened = 0  # connections opened so far (tests and diagnostics)
         self._idle: list[_Connection] = []
-        self._slots = asyncio.Semaphore(max_connections)  # aiohttp's default limit, kept
+        # At most this many calls in flight on this pool, as aiohttp's default limit per session.
+        self._slots = asyncio.Semaphore(max_connections)
         # BentoML's server answers on a Unix socket whatever the Host; it sends the same one.
         authority = "127.0.0.1:3000" if unix_path else f"{host}:{port}"
         fixed = {"host": authority, **(headers or {})}
@@ -144,13 +157,12 @@ class HopClient:
     async def post(self, route: str, body: bytes, headers: Mapping[str, str]) -> Reply:
         extra = "".join(f"{name}: {value}\r\n" for name, value in headers.items())
         head = f"POST {route} HTTP/1.1\r\n{self._fixed}{extra}content-length: {len(body)}\r\n\r\n"
-        async with self._slots:
+        async with asyncio.timeout(self.timeout), self._slots:
             connection = self._take()
             try:
-                async with asyncio.timeout(self.timeout):
-                    if connection is None:
-                        connection = await self._open()
-                    reply = await connection.call([head.encode("latin-1"), body])
+                if connection is None:
+                    connection = await self._open()
+                reply = await connection.call([head.encode("latin-1"), body])
             except BaseException:
                 if connection is not None:
                     connection.close()

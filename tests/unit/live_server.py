@@ -18,22 +18,19 @@ import uvicorn
 @contextmanager
 def serving(app: Any, uds: str | None = None, keep_alive_s: int = 5) -> Iterator[str]:
     """Yields the server's address: the socket's path, or http://127.0.0.1:PORT."""
-    if uds is None:
-        with socket.socket() as probe:
-            probe.bind(("127.0.0.1", 0))
-            port = probe.getsockname()[1]
     config = uvicorn.Config(
         app,
         uds=uds,
-        host="127.0.0.1",
-        port=0 if uds else port,
         http="httptools",
         lifespan="off",
         log_level="warning",
         timeout_keep_alive=keep_alive_s,
     )
     server = uvicorn.Server(config)
-    thread = threading.Thread(target=lambda: asyncio.run(server.serve()), daemon=True)
+    # A TCP socket bound here and handed over, so the port is ours from the start (no probe).
+    listener = None if uds else socket.create_server(("127.0.0.1", 0))
+    sockets = [listener] if listener else None
+    thread = threading.Thread(target=lambda: asyncio.run(server.serve(sockets)), daemon=True)
     thread.start()
     deadline = time.monotonic() + 10
     while not server.started:
@@ -41,8 +38,10 @@ def serving(app: Any, uds: str | None = None, keep_alive_s: int = 5) -> Iterator
             raise RuntimeError("the test server did not start")
         time.sleep(0.01)
     try:
-        yield uds if uds else f"http://127.0.0.1:{port}"
+        yield uds if uds else f"http://127.0.0.1:{listener.getsockname()[1]}"
     finally:
         server.should_exit = True
         thread.join(10)
+        if listener is not None:
+            listener.close()
         assert not thread.is_alive(), "the test server did not stop"

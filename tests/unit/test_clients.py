@@ -179,15 +179,21 @@ def test_hot_calls_are_read_by_the_runner_and_answer_as_bentomls_client(transpor
     seen: list[tuple[str, str, Any]] = []
     vectors = np.full((1, 384), 0.5, np.float32)
 
+    hops: list[Any] = []  # each client's hop pool after its call: None on BentoML's session
+
     async def main(onnx: Any, tf: Any, tenants: Any) -> list[Any]:
+        clients = [
+            OnnxRunnerClient(onnx, "int8"), TFRunnerClient(tf), TenantRunnerClient(tenants),
+        ]  # fmt: skip
         async with onnx.to_async, tf.to_async, tenants.to_async:
             ours = [
-                await OnnxRunnerClient(onnx, "int8").embed([[101, 102]], 2.0),
-                await TFRunnerClient(tf).embed([[101, 102]], -1.0),
-                await TenantRunnerClient(tenants).classify("acme", [[5, 6]], None),
-                await TenantRunnerClient(tenants).classify("acme", None, vectors),
+                await clients[0].embed([[101, 102]], 2.0),
+                await clients[1].embed([[101, 102]], -1.0),
+                await clients[2].classify("acme", [[5, 6]], None),
+                await clients[2].classify("acme", None, vectors),
             ]
             theirs = await onnx.to_async.embed(ids=[[101, 102]], variant="int8", deadline_s=2.0)
+        hops.extend(client.hot._hop for client in clients)
         return [*ours, theirs]
 
     with (
@@ -198,6 +204,12 @@ def test_hot_calls_are_read_by_the_runner_and_answer_as_bentomls_client(transpor
         ) as tenants,
     ):
         onnx, tf, by_ids, by_vectors, theirs = asyncio.run(main(onnx, tf, tenants))
+    if transport == "app":
+        assert hops == [None] * 3
+    else:  # the lean hop carried the calls: one connection each, on the transport named
+        assert [(hop.opened, hop.unix_path is not None) for hop in hops] == [
+            (1, transport == "unix")
+        ] * 3
     for result in (onnx, tf):
         assert result.vectors.dtype == np.float32
         np.testing.assert_array_equal(result.vectors, EMBEDDED.embeddings)

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import tempfile
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -17,7 +16,7 @@ from _bentoml_impl.client.proxy2 import SessionManager
 from bentoml._internal.utils.uri import path_to_uri
 from starlette.applications import Starlette
 from starlette.requests import Request
-from starlette.responses import Response
+from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from services.tokenizer.clients import PICKLE, OnnxRunnerClient, RunnerUnavailable
@@ -45,11 +44,11 @@ def echo_app(delay_s: float, seen: list[bytes]) -> Starlette:
 
 
 async def workers(post: Any, count: int, calls: int) -> list[Any]:
-    """``count`` callers, each making ``calls`` calls one after another (bodies 'w.k'), started 3 ms
+    """``count`` callers, each making ``calls`` calls one after another (bodies 'w.k'), started 25 ms
     apart so that calls are in flight whenever one starts (as the tokenizer's calls are)."""
 
     async def worker(w: int) -> list[Any]:
-        await asyncio.sleep(w * 0.003)
+        await asyncio.sleep(w * 0.025)
         return [await post(f"{w}.{k}".encode()) for k in range(calls)]
 
     return [r for rs in await asyncio.gather(*(worker(w) for w in range(count))) for r in rs]
@@ -59,9 +58,10 @@ def test_every_call_reaches_the_runner_once_while_connections_retire(sock: str) 
     """Connections retire after BentoML's ``max_requests`` (here 3), but only once idle: 8 callers x
     5 calls are 40 answers and 40 requests read. BentoML's own session, refreshed at the same limit,
     closes the connections still waiting for an answer: calls fail after the runner has read them,
-    and a caller that resends them makes the runner compute them twice (why hop.py exists)."""
+    and a caller that resends them makes the runner compute them twice. (In the graph the runners
+    turn BentoML's refresh off; by URL its defaults, 100 calls or 300 s, apply.)"""
     ours: list[bytes] = []
-    with serving(echo_app(0.02, ours), uds=sock):
+    with serving(echo_app(0.25, ours), uds=sock):
 
         async def lean() -> tuple[list[Any], int]:
             hop = HopClient(unix_path=sock, max_requests=3)
@@ -79,7 +79,7 @@ def test_every_call_reaches_the_runner_once_while_connections_retire(sock: str) 
     assert 8 < opened < 40  # connections were both reused and retired
 
     theirs: list[bytes] = []
-    with serving(echo_app(0.02, theirs), uds=sock):
+    with serving(echo_app(0.25, theirs), uds=sock):
 
         async def bentomls() -> list[Any]:
             manager = SessionManager(path_to_uri(sock), timeout=10, headers={}, max_requests=3)
@@ -110,7 +110,11 @@ def test_an_idle_connection_the_runner_closed_is_not_reused(sock: str) -> None:
         async def main() -> tuple[list[int], int]:
             hop = HopClient(unix_path=sock)
             first = await hop.post("/echo", b"a", {})
-            await asyncio.sleep(1.5)  # past the runner's keep-alive: it closes the connection
+            # The runner's keep-alive (1 s) runs out and it closes the idle connection.
+            idle = hop._idle[0]
+            async with asyncio.timeout(10):
+                while not idle.lost:
+                    await asyncio.sleep(0.05)
             second = await hop.post("/echo", b"b", {})
             hop.close()
             return [first.status, second.status], hop.opened
@@ -119,14 +123,40 @@ def test_an_idle_connection_the_runner_closed_is_not_reused(sock: str) -> None:
     assert statuses == [200, 200] and seen == [b"a", b"b"] and opened == 2
 
 
+@pytest.mark.parametrize(
+    ("limits", "opened"),
+    [({}, 1), ({"max_requests": 2}, 2), ({"max_age": 0}, 3)],
+    ids=["defaults", "max_requests 2", "max_age 0"],
+)
+def test_a_connection_serves_calls_until_its_limits(
+    sock: str, limits: dict[str, float], opened: int
+) -> None:
+    """Three calls in a row: one connection for all by default; BentoML's max_requests and
+    max_age (seconds since it opened) retire it."""
+    seen: list[bytes] = []
+    with serving(echo_app(0, seen), uds=sock):
+
+        async def main() -> int:
+            hop = HopClient(unix_path=sock, **limits)
+            for body in (b"a", b"b", b"c"):
+                assert (await hop.post("/echo", body, {})).body == body
+            hop.close()
+            return hop.opened
+
+        assert asyncio.run(main()) == opened
+    assert seen == [b"a", b"b", b"c"]
+
+
 def test_a_dropped_or_silent_runner_fails_the_call_and_its_connection(sock: str) -> None:
     async def main() -> tuple[BaseException, BaseException, int]:
         behaviour = {"mode": "drop"}
+        hung_up = asyncio.Event()  # the client closed the silent call's connection
 
         async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
             await reader.readuntil(b"\r\n\r\n")
             if behaviour["mode"] == "silent":
-                await asyncio.sleep(5)
+                await reader.read()  # until the client closes its end
+                hung_up.set()
             writer.close()
 
         server = await asyncio.start_unix_server(handle, sock)
@@ -135,11 +165,10 @@ def test_a_dropped_or_silent_runner_fails_the_call_and_its_connection(sock: str)
             with pytest.raises(ConnectionError) as dropped:
                 await hop.post("/echo", b"a", {})
             behaviour["mode"] = "silent"
-            started = time.monotonic()
             with pytest.raises(TimeoutError) as late:
                 await hop.post("/echo", b"b", {})
-            assert time.monotonic() - started < 3  # the client's timeout, not the server's close
-            assert hop._idle == []  # a failed call's connection is never reused
+            await asyncio.wait_for(hung_up.wait(), 5)  # closed, not kept for another call
+            assert hop._idle == []
             opened = hop.opened
             hop.close()
         return dropped.value, late.value, opened
@@ -156,7 +185,8 @@ def test_a_runner_that_is_down_is_a_connection_error_naming_it(sock: str) -> Non
 
 def test_the_tokenizer_retries_a_dropped_call_once_then_answers_503(sock: str) -> None:
     """Through the ONNX runner's client, as the tokenizer calls it in the graph: a runner that
-    drops every call is tried twice (a dead keep-alive is worth one retry), then reported."""
+    drops every call is tried twice (what one retry is for: a keep-alive connection the runner
+    closed as the call went out), then reported as unavailable."""
     from runners.onnx.service import OnnxRunner
 
     OnnxRunner.inject_config()
@@ -180,28 +210,34 @@ def test_the_tokenizer_retries_a_dropped_call_once_then_answers_503(sock: str) -
 
 
 def test_the_hop_goes_where_bentomls_client_would_with_its_limits(sock: str) -> None:
-    """hop_for reads BentoML's client (bentoml is pinned): the graph's Unix socket with the
-    runner's timeout and BentoML's refresh limits; a plain http URL; https and an in-process app
-    keep BentoML's own session."""
+    """hop_for reads BentoML's client (bentoml is pinned). In the graph: the runner's Unix socket,
+    its timeout (+1 %) and its runner_connection limits (refresh off). By URL, as
+    ``bentoml.depends(url=...)`` makes it: host and port, and BentoML's defaults (60 s, 100 calls,
+    300 s). https, a URL with a path and an in-process app keep BentoML's own session."""
     from runners.onnx.service import OnnxRunner
 
     OnnxRunner.inject_config()
     in_graph = RemoteProxy(path_to_uri(sock), service=OnnxRunner, media_type=PICKLE).to_async
     hop = hop_for(in_graph)
     assert hop is not None and hop.unix_path == sock
-    manager = in_graph._session_manager
-    assert (hop.timeout, hop.max_age, hop.max_requests) == (
-        manager._timeout.total, manager.max_age, manager.max_requests,
-    )  # fmt: skip
     assert hop.timeout == pytest.approx(OnnxRunner.config["traffic"]["timeout"] * 1.01)
+    assert (hop.max_requests, hop.max_age) == (2**62, 1e12)
     assert "Runner-Name: onnx_runner\r\n" in hop._fixed  # BentoML's default headers, sent too
 
-    by_url = RemoteProxy("http://runner.internal:3001", service=OnnxRunner, media_type=PICKLE)
-    url_hop = hop_for(by_url.to_async)
-    assert url_hop is not None and (url_hop.host, url_hop.port) == ("runner.internal", 3001)
-    assert url_hop.unix_path is None and "host: runner.internal:3001" in url_hop._fixed
+    async def schema(_: Request) -> JSONResponse:
+        return JSONResponse(OnnxRunner.schema())
 
-    tls = RemoteProxy("https://runner.internal", service=OnnxRunner, media_type=PICKLE)
-    assert hop_for(tls.to_async) is None
+    with serving(Starlette(routes=[Route("/schema.json", schema)])) as url:
+        by_url = RemoteProxy(url, media_type="application/json").to_async
+    url_hop = hop_for(by_url)
+    assert url_hop is not None and url_hop.unix_path is None
+    assert (
+        f"http://{url_hop.host}:{url_hop.port}" == url and f"host: {url[7:]}\r\n" in url_hop._fixed
+    )
+    assert (url_hop.timeout, url_hop.max_requests, url_hop.max_age) == (60, 100, 300)
+
+    for elsewhere in ("https://runner.internal", "http://runner.internal/v1"):
+        proxy = RemoteProxy(elsewhere, service=OnnxRunner, media_type=PICKLE)
+        assert hop_for(proxy.to_async) is None
     app = RemoteProxy("http://runner", service=OnnxRunner, media_type=PICKLE, app=Starlette())
     assert hop_for(app.to_async) is None

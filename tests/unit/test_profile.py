@@ -34,6 +34,8 @@ def test_the_leaf_most_matching_frame_names_the_category() -> None:
     assert categorize(frames(orjson)) == "JSON"
     http = f"{LOOP};data_received (uvicorn/protocols/http/httptools_impl.py:120)"
     assert categorize(frames(http)) == "HTTP (uvicorn)"
+    hop = f"{LOOP};data_received (services/tokenizer/hop.py:60)"  # the tokenizer's runner calls
+    assert categorize(frames(hop)) == "HTTP client (the hop to the runner)"
     assert categorize(frames("<module> (<string>:4)")) == OTHER
 
 
