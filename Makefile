@@ -28,7 +28,7 @@ IMAGES_CMD := PATH=$(DOCKER_PATH) BASE_IMAGE=$(BASE_IMAGE) $(PY) deploy/bentos.p
 	    -t bento-bundle/$$image:$(IMAGE_TAG) deploy/$$image >/dev/null \
 	  && echo "image bento-bundle/$$image:$(IMAGE_TAG) built (deploy/$$image)" || exit 1; done
 
-.PHONY: help install wrk tools models parity bench profile chaos soak tenants tenants-mixed tenant-figures simulate-replicas serve test lint format clean \
+.PHONY: help install wrk tools models parity bench ab profile chaos soak tenants tenants-mixed tenant-figures simulate-replicas serve test lint format clean \
 	bentos engine engine-stop base-image images test-containers test-swarm
 
 help: ## List the targets
@@ -95,6 +95,10 @@ export BENCH_TENANTS ?= $(if $(BENCH_QUICK),16,1000)
 bench: models wrk ## Side-by-side benchmark, interleaved repeats, CPU per request; records loadtests/results (BENCH_QUICK=1: short, not recorded)
 	$(MAKE) --no-print-directory tenants tenants-mixed N=$(BENCH_TENANTS)
 	BENCH_MODEL_STORE=$(MIXED_STORE) $(PY) -m loadtests.bench
+
+BASE ?= HEAD
+ab: models wrk ## This checkout's graph against BASE's (a git rev; HEAD: the uncommitted edits), chat at 1 and 64 users, interleaved (not recorded)
+	$(PY) -m loadtests.ab $(BASE)
 
 profile: models wrk ## Where a chat request's CPU goes in the tokenizer and the ONNX runner (py-spy under load); records loadtests/results/profiles
 	$(PY) -m loadtests.profile

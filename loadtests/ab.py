@@ -1,0 +1,126 @@
+"""Two commits of the whole graph side by side (``make ab BASE=<rev>``): what one change did.
+
+Each commit is served from its own tree (the base from a git worktree under build/ab, removed
+after; the other is this checkout as it is, uncommitted edits included) with ``bentoml serve .``,
+both at once. Chat points with wrk at each user count, interleaved: every round measures both
+trees at every count, the order reversed every other round, so a machine that slows down mid-run
+slows both. Prints medians and spreads over the rounds, CPU per request from /proc (the
+tokenizer's and the runner's main threads, the engine's threads), and head/base ratios.
+Not recorded: ``make bench`` records; this answers "did this change help" in a few minutes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+from loadtests import cpu, loadgen
+from loadtests.processes import BIN, ROOT, Server, free_port
+
+OUT = ROOT / "build" / "ab"
+HEAD = "this checkout"
+
+
+@dataclass(frozen=True)
+class Sample:
+    sentences_per_s: float
+    p50_ms: float
+    tokenizer_ms: float  # the tokenizer's CPU per request (all of it is its main thread)
+    runner_main_ms: float  # the ONNX runner's main thread: everything but the engine
+    engine_ms: float  # the ONNX runner's other threads: the engine
+
+
+def sample(load: loadgen.Load, per_request: dict[str, dict[str, float]]) -> Sample:
+    tokenizer = per_request.get("tokenizer", {})
+    runner = per_request.get("onnx_runner", {})
+    return Sample(
+        load.ok / load.seconds,
+        load.p50_ms,
+        tokenizer.get("total_ms", 0.0),
+        runner.get("main_ms", 0.0),
+        runner.get("other_threads_ms", 0.0),
+    )
+
+
+def summary(base: list[Sample], head: list[Sample]) -> list[tuple[str, float, float, float]]:
+    """(figure, base median, head median, head/base) for every field of Sample."""
+    rows = []
+    for name in Sample.__dataclass_fields__:
+        b = statistics.median(getattr(s, name) for s in base)
+        h = statistics.median(getattr(s, name) for s in head)
+        rows.append((name, b, h, h / b if b else float("nan")))
+    return rows
+
+
+def serve(tree: Path, name: str) -> Server:
+    port = free_port()
+    # `cd` then exec: the tree's own code is imported first (bentoml puts its working directory
+    # at the head of sys.path), and the PID stays bentoml's, to be stopped with its descendants.
+    command = f"cd {tree} && exec {BIN}/bentoml serve . --host 127.0.0.1 --port {port}"
+    return Server(["bash", "-c", command], port, OUT / f"{name}.log")
+
+
+def measure(server: Server, bodies: Path, users: int, seconds: float) -> Sample:
+    processes = [server.process(), *server.descendants()]
+    before = cpu.snapshot(processes)
+    load = loadgen.run(server.url, "/embed", bodies, users, seconds)
+    after = cpu.snapshot([server.process(), *server.descendants()])
+    if load.failed or load.shed:
+        raise RuntimeError(f"{load.failed} failed, {load.shed} shed: not a clean point")
+    return sample(load, cpu.per_request(before, after, load.ok))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("base", help="the commit to compare this checkout with (any git rev)")
+    parser.add_argument("--users", default="1,64", help="wrk connections, comma-separated")
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--seconds", type=float, default=10)
+    args = parser.parse_args(argv)
+    users = [int(u) for u in args.users.split(",")]
+    rev = subprocess.run(
+        ["git", "rev-parse", "--short", args.base], cwd=ROOT, check=True, capture_output=True,
+        text=True,
+    ).stdout.strip()  # fmt: skip
+    tree = OUT / f"tree-{rev}"
+    subprocess.run(
+        ["git", "worktree", "remove", "--force", str(tree)], cwd=ROOT, capture_output=True
+    )
+    subprocess.run(["git", "worktree", "add", "--detach", str(tree), rev], cwd=ROOT, check=True)
+    bodies = loadgen.write_bodies("chat", OUT / "chat.txt")
+    servers = {rev: serve(tree, "base"), HEAD: serve(ROOT, "head")}
+    samples: dict[tuple[str, int], list[Sample]] = {(n, u): [] for n in servers for u in users}
+    try:
+        for server in servers.values():
+            server.start()
+            loadgen.run(server.url, "/embed", bodies, 16, 5)  # warm: sessions, caches, pools
+        for round_ in range(args.rounds):
+            order = list(servers.items())[:: 1 if round_ % 2 == 0 else -1]
+            for u in users:
+                for name, server in order:
+                    s = measure(server, bodies, u, args.seconds)
+                    samples[(name, u)].append(s)
+                    print(
+                        f"[{round_ + 1}/{args.rounds}] {name:>13} {u:>3} users: "
+                        f"{s.sentences_per_s:6.1f}/s p50 {s.p50_ms:7.2f} ms, CPU ms a request: "
+                        f"tokenizer {s.tokenizer_ms:.3f}, runner main {s.runner_main_ms:.3f}, "
+                        f"engine {s.engine_ms:.3f}",
+                        flush=True,
+                    )
+    finally:
+        for server in servers.values():
+            server.stop()
+        subprocess.run(["git", "worktree", "remove", "--force", str(tree)], cwd=ROOT)
+    for u in users:
+        print(f"\nchat, {u} users, medians of {args.rounds} rounds: base {rev}, head {HEAD}")
+        print(f"{'figure':<16} {'base':>9} {'head':>9} {'head/base':>9}")
+        for name, b, h, ratio in summary(samples[(rev, u)], samples[(HEAD, u)]):
+            print(f"{name:<16} {b:9.3f} {h:9.3f} {ratio:9.3f}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
