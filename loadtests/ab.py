@@ -4,21 +4,24 @@ Each commit is served from its own tree (the base from a git worktree under buil
 after; the other is this checkout as it is, uncommitted edits included) with ``bentoml serve .``,
 both at once. Chat points with wrk at each user count, interleaved: every round measures both
 trees at every count, the order reversed every other round, so a machine that slows down mid-run
-slows both. Prints medians and spreads over the rounds, CPU per request from /proc (the
-tokenizer's and the runner's main threads, the engine's threads), and head/base ratios.
+slows both. Prints each round, then medians over the rounds of throughput, p50 and CPU per
+request from /proc (the tokenizer process, the ONNX runner's main thread, its engine threads),
+with head/base ratios. The venv is this checkout's: a dependency change is not compared.
 Not recorded: ``make bench`` records; this answers "did this change help" in a few minutes.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import shlex
 import statistics
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
 from loadtests import cpu, loadgen
-from loadtests.processes import BIN, ROOT, Server, free_port
+from loadtests.processes import BIN, ROOT, Server, adopt_orphans, free_port
 
 OUT = ROOT / "build" / "ab"
 HEAD = "this checkout"
@@ -28,7 +31,7 @@ HEAD = "this checkout"
 class Sample:
     sentences_per_s: float
     p50_ms: float
-    tokenizer_ms: float  # the tokenizer's CPU per request (all of it is its main thread)
+    tokenizer_ms: float  # the tokenizer process's CPU per request, every thread
     runner_main_ms: float  # the ONNX runner's main thread: everything but the engine
     engine_ms: float  # the ONNX runner's other threads: the engine
 
@@ -59,7 +62,7 @@ def serve(tree: Path, name: str) -> Server:
     port = free_port()
     # `cd` then exec: the tree's own code is imported first (bentoml puts its working directory
     # at the head of sys.path), and the PID stays bentoml's, to be stopped with its descendants.
-    command = f"cd {tree} && exec {BIN}/bentoml serve . --host 127.0.0.1 --port {port}"
+    command = f"cd {shlex.quote(str(tree))} && exec {shlex.quote(str(BIN / 'bentoml'))} serve . --host 127.0.0.1 --port {port}"
     return Server(["bash", "-c", command], port, OUT / f"{name}.log")
 
 
@@ -86,17 +89,24 @@ def main(argv: list[str] | None = None) -> int:
         text=True,
     ).stdout.strip()  # fmt: skip
     tree = OUT / f"tree-{rev}"
-    subprocess.run(
-        ["git", "worktree", "remove", "--force", str(tree)], cwd=ROOT, capture_output=True
-    )
-    subprocess.run(["git", "worktree", "add", "--detach", str(tree), rev], cwd=ROOT, check=True)
-    bodies = loadgen.write_bodies("chat", OUT / "chat.txt")
-    servers = {rev: serve(tree, "base"), HEAD: serve(ROOT, "head")}
-    samples: dict[tuple[str, int], list[Sample]] = {(n, u): [] for n in servers for u in users}
-    try:
+    adopt_orphans()  # a BentoML worker whose arbiter died stays this process's, stopped by PID
+    samples: dict[tuple[str, int], list[Sample]] = {}
+    with contextlib.ExitStack() as stack:  # unwound in reverse: servers stopped, then the tree
+        subprocess.run(
+            ["git", "worktree", "remove", "--force", str(tree)], cwd=ROOT, capture_output=True
+        )
+        subprocess.run(["git", "worktree", "prune"], cwd=ROOT, check=True)
+        subprocess.run(["git", "worktree", "add", "--detach", str(tree), rev], cwd=ROOT, check=True)
+        stack.callback(
+            subprocess.run, ["git", "worktree", "remove", "--force", str(tree)], cwd=ROOT
+        )
+        bodies = loadgen.write_bodies("chat", OUT / "chat.txt")
+        servers = {rev: serve(tree, "base"), HEAD: serve(ROOT, "head")}
         for server in servers.values():
+            stack.callback(server.stop)  # each stopped even if stopping another raised
             server.start()
             loadgen.run(server.url, "/embed", bodies, 16, 5)  # warm: sessions, caches, pools
+        samples = {(n, u): [] for n in servers for u in users}
         for round_ in range(args.rounds):
             order = list(servers.items())[:: 1 if round_ % 2 == 0 else -1]
             for u in users:
@@ -110,10 +120,6 @@ def main(argv: list[str] | None = None) -> int:
                         f"engine {s.engine_ms:.3f}",
                         flush=True,
                     )
-    finally:
-        for server in servers.values():
-            server.stop()
-        subprocess.run(["git", "worktree", "remove", "--force", str(tree)], cwd=ROOT)
     for u in users:
         print(f"\nchat, {u} users, medians of {args.rounds} rounds: base {rev}, head {HEAD}")
         print(f"{'figure':<16} {'base':>9} {'head':>9} {'head/base':>9}")

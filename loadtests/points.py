@@ -41,7 +41,7 @@ STACK, INT8, NOBATCH, FASTAPI, NAIVE, HANDWRITTEN = (
 )
 SYSTEMS = (STACK, INT8, NOBATCH, FASTAPI, NAIVE, HANDWRITTEN)
 HEADS, MODELS = "stack, head tenants", "stack, per-tenant models"
-# The same graph with its hot routes traced: both hops of every request on BentoML's own stack,
+# The same graph with its hot routes traced: both services' routes on BentoML's own stack,
 # what the lean path (serving/hot_path.py) is measured against, once with the access log off (the
 # cost of the tracing setting alone) and once with it on. (The tokenizer still calls the runner
 # on its lean hop client, services/tokenizer/hop.py, not BentoML's: that part is in all three.)

@@ -178,6 +178,40 @@ def test_a_dropped_or_silent_runner_fails_the_call_and_its_connection(sock: str)
     assert opened == 2
 
 
+def test_an_interim_answer_is_skipped_and_waiting_for_a_connection_counts_in_the_timeout(
+    sock: str,
+) -> None:
+    """A 100 Continue before the answer is not the answer. With every connection busy, a call
+    that waits for one times out like any other."""
+
+    async def main() -> tuple[Any, BaseException]:
+        async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            head = await reader.readuntil(b"\r\n\r\n")
+            assert head.startswith(b"POST /interim ")
+            writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+            writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok")
+            await writer.drain()
+            await reader.read()
+            writer.close()
+
+        server = await asyncio.start_unix_server(handle, sock)
+        async with server:
+            hop = HopClient(unix_path=sock, timeout=0.3, max_connections=1)
+            answered = await hop.post("/interim", b"", {})
+            await hop._slots.acquire()  # the only connection taken, as by a call in flight
+            queued = asyncio.create_task(hop.post("/interim", b"", {}))
+            done, _ = await asyncio.wait({queued}, timeout=5)
+            queued.cancel()
+            hop._slots.release()
+            hop.close()
+        assert done, "a call waiting for a connection outlived its timeout (0.3 s)"
+        return answered, queued.exception()
+
+    answered, queued = asyncio.run(main())
+    assert (answered.status, answered.body) == (200, b"ok")
+    assert isinstance(queued, TimeoutError)
+
+
 def test_a_runner_that_is_down_is_a_connection_error_naming_it(sock: str) -> None:
     with pytest.raises(ConnectionError, match=r"cannot reach the runner at .*runner\.sock"):
         asyncio.run(HopClient(unix_path=sock).post("/echo", b"a", {}))
