@@ -62,7 +62,10 @@ def serve(tree: Path, name: str) -> Server:
     port = free_port()
     # `cd` then exec: the tree's own code is imported first (bentoml puts its working directory
     # at the head of sys.path), and the PID stays bentoml's, to be stopped with its descendants.
-    command = f"cd {shlex.quote(str(tree))} && exec {shlex.quote(str(BIN / 'bentoml'))} serve . --host 127.0.0.1 --port {port}"
+    bentoml = shlex.quote(str(BIN / "bentoml"))
+    command = (
+        f"cd {shlex.quote(str(tree))} && exec {bentoml} serve . --host 127.0.0.1 --port {port}"
+    )
     return Server(["bash", "-c", command], port, OUT / f"{name}.log")
 
 

@@ -95,8 +95,9 @@ class HotCalls:
     but on the lean hop (services/tokenizer/hop.py) where there is one. What it leaves out, per
     call: validating our own arguments with pydantic before sending them (the runner validates
     them), OpenTelemetry's header propagation (the hot routes are not traced), an async-iterator
-    body, and validating the answer into a model again. bentoml is pinned; tests/unit/test_clients.py
-    pins that the runner reads these calls and that the answers equal BentoML's client's."""
+    body, and validating the answer into a model again. bentoml is pinned;
+    tests/unit/test_clients.py pins that the runner reads these calls and that the answers equal
+    BentoML's client's."""
 
     def __init__(self, client: Any) -> None:
         self.client = client

@@ -205,7 +205,8 @@ class HopClient:
 def hop_for(client: Any) -> HopClient | None:
     """A HopClient to where BentoML's client (``bentoml.depends(...).to_async``) sends its calls,
     with its timeout, refresh limits and default headers; None where it keeps BentoML's session
-    (https, a URL with a path, an in-process app). bentoml is pinned; tests/unit/test_hop.py pins these fields."""
+    (https, a URL with a path, an in-process app). bentoml is pinned; tests/unit/test_hop.py pins
+    the fields read."""
     manager = client._session_manager
     if manager._app is not None:
         return None

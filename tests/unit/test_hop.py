@@ -44,8 +44,8 @@ def echo_app(delay_s: float, seen: list[bytes]) -> Starlette:
 
 
 async def workers(post: Any, count: int, calls: int) -> list[Any]:
-    """``count`` callers, each making ``calls`` calls one after another (bodies 'w.k'), started 25 ms
-    apart so that calls are in flight whenever one starts (as the tokenizer's calls are)."""
+    """``count`` callers, each making ``calls`` calls one after another (bodies 'w.k'), started
+    25 ms apart so that calls are in flight whenever one starts (as the tokenizer's calls are)."""
 
     async def worker(w: int) -> list[Any]:
         await asyncio.sleep(w * 0.025)
