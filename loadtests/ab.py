@@ -20,7 +20,7 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-from loadtests import cpu, loadgen
+from loadtests import loadgen, points
 from loadtests.processes import BIN, ROOT, Server, adopt_orphans, free_port
 
 OUT = ROOT / "build" / "ab"
@@ -36,12 +36,15 @@ class Sample:
     engine_ms: float  # the ONNX runner's other threads: the engine
 
 
-def sample(load: loadgen.Load, per_request: dict[str, dict[str, float]]) -> Sample:
-    tokenizer = per_request.get("tokenizer", {})
-    runner = per_request.get("onnx_runner", {})
+def sample(point: points.Point) -> Sample:
+    """The figures make ab compares, from one of make bench's points."""
+    if point.failures or point.shed:
+        raise RuntimeError(f"{point.failures} failed, {point.shed} shed: not a clean point")
+    tokenizer = point.cpu_ms_per_request.get("tokenizer", {})
+    runner = point.cpu_ms_per_request.get("onnx_runner", {})
     return Sample(
-        load.ok / load.seconds,
-        load.p50_ms,
+        point.sentences_per_s,
+        point.p50_ms,
         tokenizer.get("total_ms", 0.0),
         runner.get("main_ms", 0.0),
         runner.get("other_threads_ms", 0.0),
@@ -69,16 +72,6 @@ def serve(tree: Path, name: str) -> Server:
     return Server(["bash", "-c", command], port, OUT / f"{name}.log")
 
 
-def measure(server: Server, bodies: Path, users: int, seconds: float) -> Sample:
-    processes = [server.process(), *server.descendants()]
-    before = cpu.snapshot(processes)
-    load = loadgen.run(server.url, "/embed", bodies, users, seconds)
-    after = cpu.snapshot([server.process(), *server.descendants()])
-    if load.failed or load.shed:
-        raise RuntimeError(f"{load.failed} failed, {load.shed} shed: not a clean point")
-    return sample(load, cpu.per_request(before, after, load.ok))
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("base", help="the commit to compare this checkout with (any git rev)")
@@ -103,7 +96,7 @@ def main(argv: list[str] | None = None) -> int:
         stack.callback(
             subprocess.run, ["git", "worktree", "remove", "--force", str(tree)], cwd=ROOT
         )
-        bodies = loadgen.write_bodies("chat", OUT / "chat.txt")
+        bodies = points.bodies("chat", "")
         servers = {rev: serve(tree, "base"), HEAD: serve(ROOT, "head")}
         for server in servers.values():
             stack.callback(server.stop)  # each stopped even if stopping another raised
@@ -114,7 +107,7 @@ def main(argv: list[str] | None = None) -> int:
             order = list(servers.items())[:: 1 if round_ % 2 == 0 else -1]
             for u in users:
                 for name, server in order:
-                    s = measure(server, bodies, u, args.seconds)
+                    s = sample(points.point(server, name, "chat", u, args.seconds))
                     samples[(name, u)].append(s)
                     print(
                         f"[{round_ + 1}/{args.rounds}] {name:>13} {u:>3} users: "

@@ -535,11 +535,24 @@ def tracing_cost(paths: dict) -> list[str]:
     )
 
 
+def _raw_runs(raw: dict) -> str:
+    """How the limit was measured at the run's start and end, when it was (runs before that
+    measured it once, at the start)."""
+    if "runs" not in raw["fp32"]:
+        return ""
+    each = "; ".join(
+        f"{backend} "
+        + " and ".join(f"{run['sentences_per_s']:.0f}" for run in raw[backend]["runs"])
+        for backend in ("fp32", "int8")
+    )
+    return f", the best of the run's start and end ({each})"
+
+
 def markdown(results: dict) -> str:
     raw, meta = results["raw"], results["meta"]
     lines = [
         f"Raw engine, in process: fp32 {raw['fp32']['sentences_per_s']:.0f} sentences/s (best plan: {raw['fp32']['plan']}), "
-        f"int8 {raw['int8']['sentences_per_s']:.0f} ({raw['int8']['plan']}). {meta['repeats']} repeats of {meta['seconds_per_point']:.0f} s a chat point ({meta['seconds_per_point'] * BULK_LONGER:.0f} s a bulk, /classify or encoding point), "
+        f"int8 {raw['int8']['sentences_per_s']:.0f} ({raw['int8']['plan']}){_raw_runs(raw)}. {meta['repeats']} repeats of {meta['seconds_per_point']:.0f} s a chat point ({meta['seconds_per_point'] * BULK_LONGER:.0f} s a bulk, /classify or encoding point), "
         f"interleaved; medians, with the spread [min, max] of sentences/s.{took(meta)}",
         "",
         "| workload | users | system | sentences/s [spread] | served/raw | stack ÷ this | p50 ms | p99 ms | failed | shed | CPU ms per request: main + other threads |",

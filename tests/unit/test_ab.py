@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from loadtests.ab import Sample, summary
+from loadtests.ab import Sample, sample, summary
+from loadtests.points import Point
 
 
 def test_summary_is_medians_and_their_ratio() -> None:
@@ -29,3 +30,24 @@ def test_summary_is_medians_and_their_ratio() -> None:
     assert rows["sentences_per_s"] == (100, 125, 1.25)
     assert rows["p50_ms"] == (4.5, 3.8, pytest.approx(3.8 / 4.5))
     assert rows["tokenizer_ms"] == (1.0, 0.8, pytest.approx(0.8))
+
+
+def _point(failures: int = 0, shed: int = 0) -> Point:
+    return Point(
+        "stack", "chat", 64, 0, sentences_per_s=480.0, requests_per_s=480.0, p50_ms=120.5,
+        p99_ms=180.0, requests=4800, failures=failures, shed=shed, loadgen_cpu_share=0.01,
+        cpu_ms_per_request={
+            "tokenizer": {"main_ms": 0.28, "other_threads_ms": 0.01, "total_ms": 0.29},
+            "onnx_runner": {"main_ms": 0.10, "other_threads_ms": 3.3, "total_ms": 3.4},
+        },
+    )  # fmt: skip
+
+
+def test_a_sample_is_read_from_make_bench_s_point() -> None:
+    assert sample(_point()) == Sample(480.0, 120.5, 0.29, 0.10, 3.3)
+
+
+@pytest.mark.parametrize(("failures", "shed"), [(1, 0), (0, 2)])
+def test_a_point_with_failed_or_shed_requests_is_refused(failures: int, shed: int) -> None:
+    with pytest.raises(RuntimeError, match="not a clean point"):
+        sample(_point(failures, shed))
