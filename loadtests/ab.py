@@ -6,7 +6,9 @@ both at once. Chat points with wrk at each user count, interleaved: every round 
 trees at every count, the order reversed every other round, so a machine that slows down mid-run
 slows both. Prints each round, then medians over the rounds of throughput, p50 and CPU per
 request from /proc (the tokenizer process, the ONNX runner's main thread, its engine threads),
-with head/base ratios. The venv is this checkout's: a dependency change is not compared.
+with head/base ratios. Each point is ``make bench``'s own (``points.point``, its request bodies
+rewritten under build/bench/bodies), so the two are not run at once. The venv is this checkout's:
+a dependency change is not compared.
 Not recorded: ``make bench`` records; this answers "did this change help" in a few minutes.
 """
 

@@ -74,7 +74,7 @@ from loadtests.points import (
     response_bytes,
 )
 from loadtests.processes import BIN, ROOT, Server, adopt_orphans, bentoml_serve, free_port
-from loadtests.raw_engine import best_of, raw_engine
+from loadtests.raw_engine import at_edge, best_of, raw_engine
 
 RESULTS = ROOT / "loadtests" / "results"
 
@@ -166,6 +166,13 @@ def measure_raw(repeats: int, texts: int | None, when: str) -> dict[str, dict]:
         f"raw engine ({when} of the run): {raw['fp32']['sentences_per_s']:.0f} sentences/s fp32 ({raw['fp32']['plan']}), {raw['int8']['sentences_per_s']:.0f} int8 ({raw['int8']['plan']})",
         flush=True,
     )
+    for backend, limit in raw.items():
+        if at_edge(limit["plan"]):
+            print(
+                f"warning: {backend}'s best plan ({limit['plan']}) is at the edge of the sweep: a plan "
+                "beyond it may be faster (raw_engine.ROW_COUNTS, TOKEN_BUDGETS)",
+                flush=True,
+            )
     return raw
 
 
@@ -270,99 +277,101 @@ def main(argv: list[str] | None = None) -> int:
     lean: list[Point] = []
     adopt_orphans()  # a BentoML worker whose arbiter died stays this process's, stopped by PID
     running = servers(head_store, args.model_store)
-    with contextlib.ExitStack() as stack:
-        for server in running.values():
-            stack.enter_context(server)
-        stack.enter_context(
-            kept_on_failure(
-                OUT / "partial.json", raw, points=points, wire=wire, tenants=classified, paths=lean
-            )
-        )
-        for repeat in range(args.repeats):
-            for workload in WORKLOADS:
-                for users in USERS:
-                    for system in SYSTEMS:
-                        server = running[STACK if system == INT8 else system]
-                        restarted = settle(running)
-                        backend = "onnx-int8" if system == INT8 else ""
-                        seconds = args.seconds * (BULK_LONGER if workload == "bulk" else 1)
-                        p = point(
-                            server,
-                            system,
-                            workload,
-                            users,
-                            seconds,
-                            repeat,
-                            backend,
-                            restarted=restarted,
-                        )
-                        points.append(p)
-                        print(
-                            f"  [{repeat + 1}/{args.repeats}] {system:<22} {workload:<5} {users:>3} users: "
-                            f"{p.sentences_per_s:7.1f} sentences/s, p50 {p.p50_ms:.1f} ms, p99 {p.p99_ms:.0f} ms, "
-                            f"{p.failures} failed, {p.shed} shed, load-gen CPU {p.loadgen_cpu_share:.1%}",
-                            flush=True,
-                        )
-        # base64 against JSON floats, on the stack's bulk answers (interleaved repeats too).
-        for repeat in range(args.repeats):
-            for encoding in ENCODINGS:
-                restarted = settle(running)
-                seconds = args.seconds * BULK_LONGER
-                p = point(
-                    running[STACK],
-                    STACK,
-                    "bulk",
-                    MIDDLE,
-                    seconds,
-                    repeat,
-                    encoding=encoding,
-                    restarted=restarted,
-                )
-                wire.append(p)
-                print(
-                    f"  [{repeat + 1}/{args.repeats}] {STACK} bulk {MIDDLE} users, {encoding:<6}: "
-                    f"{p.sentences_per_s:7.1f} sentences/s, {p.failures} failed",
-                    flush=True,
-                )
-        # The lean path against BentoML's own path, chat at one client and at the middle load.
-        for repeat in range(args.repeats):
-            for users in (min(USERS), MIDDLE):
-                for system in PATH_SYSTEMS:
+    # Outermost: whatever stops the run, the servers' stop or the last raw sweep included, leaves
+    # the points measured so far.
+    with kept_on_failure(
+        OUT / "partial.json", raw, points=points, wire=wire, tenants=classified, paths=lean
+    ):
+        with contextlib.ExitStack() as stack:
+            for server in running.values():
+                stack.enter_context(server)
+            for repeat in range(args.repeats):
+                for workload in WORKLOADS:
+                    for users in USERS:
+                        for system in SYSTEMS:
+                            server = running[STACK if system == INT8 else system]
+                            restarted = settle(running)
+                            backend = "onnx-int8" if system == INT8 else ""
+                            seconds = args.seconds * (BULK_LONGER if workload == "bulk" else 1)
+                            p = point(
+                                server,
+                                system,
+                                workload,
+                                users,
+                                seconds,
+                                repeat,
+                                backend,
+                                restarted=restarted,
+                            )
+                            points.append(p)
+                            print(
+                                f"  [{repeat + 1}/{args.repeats}] {system:<22} {workload:<5} {users:>3} users: "
+                                f"{p.sentences_per_s:7.1f} sentences/s, p50 {p.p50_ms:.1f} ms, p99 {p.p99_ms:.0f} ms, "
+                                f"{p.failures} failed, {p.shed} shed, load-gen CPU {p.loadgen_cpu_share:.1%}",
+                                flush=True,
+                            )
+            # base64 against JSON floats, on the stack's bulk answers (interleaved repeats too).
+            for repeat in range(args.repeats):
+                for encoding in ENCODINGS:
                     restarted = settle(running)
+                    seconds = args.seconds * BULK_LONGER
                     p = point(
-                        running[system],
-                        system,
-                        "chat",
-                        users,
-                        args.seconds,
+                        running[STACK],
+                        STACK,
+                        "bulk",
+                        MIDDLE,
+                        seconds,
                         repeat,
+                        encoding=encoding,
                         restarted=restarted,
                     )
-                    lean.append(p)
+                    wire.append(p)
                     print(
-                        f"  [{repeat + 1}/{args.repeats}] {system:<24} chat {users:>3} users: "
-                        f"{p.sentences_per_s:7.1f} sentences/s, p50 {p.p50_ms:.1f} ms, {p.failures} failed",
+                        f"  [{repeat + 1}/{args.repeats}] {STACK} bulk {MIDDLE} users, {encoding:<6}: "
+                        f"{p.sentences_per_s:7.1f} sentences/s, {p.failures} failed",
                         flush=True,
                     )
-        # /classify: head tenants against a whole model per tenant (interleaved repeats too).
-        for repeat in range(args.repeats):
-            for system in TENANT_SYSTEMS:
-                restarted = settle(running)
-                server = running[STACK if system == HEADS else MODELS]
-                seconds = args.seconds * BULK_LONGER  # cold loads make the whole models noisy
-                p = point(server, system, CLASSIFY, MIDDLE, seconds, repeat, restarted=restarted)
-                classified.append(p)
-                print(
-                    f"  [{repeat + 1}/{args.repeats}] {system:<24} classify {MIDDLE} users: "
-                    f"{p.requests_per_s:7.1f} requests/s, p50 {p.p50_ms:.1f} ms, p99 {p.p99_ms:.0f} ms, "
-                    f"{p.failures} failed, {p.shed} shed",
-                    flush=True,
-                )
-        wire_bytes = {
-            e: response_bytes(running[STACK].url, bodies("bulk", "", e)) for e in ENCODINGS
-        }
-    # Again at the end, the servers stopped, and the best of both kept (raw_engine.best_of).
-    end = measure_raw(repeats, texts, "end")
+            # The lean path against BentoML's own path, chat at one client and at the middle load.
+            for repeat in range(args.repeats):
+                for users in (min(USERS), MIDDLE):
+                    for system in PATH_SYSTEMS:
+                        restarted = settle(running)
+                        p = point(
+                            running[system],
+                            system,
+                            "chat",
+                            users,
+                            args.seconds,
+                            repeat,
+                            restarted=restarted,
+                        )
+                        lean.append(p)
+                        print(
+                            f"  [{repeat + 1}/{args.repeats}] {system:<24} chat {users:>3} users: "
+                            f"{p.sentences_per_s:7.1f} sentences/s, p50 {p.p50_ms:.1f} ms, {p.failures} failed",
+                            flush=True,
+                        )
+            # /classify: head tenants against a whole model per tenant (interleaved repeats too).
+            for repeat in range(args.repeats):
+                for system in TENANT_SYSTEMS:
+                    restarted = settle(running)
+                    server = running[STACK if system == HEADS else MODELS]
+                    seconds = args.seconds * BULK_LONGER  # cold loads make the whole models noisy
+                    p = point(
+                        server, system, CLASSIFY, MIDDLE, seconds, repeat, restarted=restarted
+                    )
+                    classified.append(p)
+                    print(
+                        f"  [{repeat + 1}/{args.repeats}] {system:<24} classify {MIDDLE} users: "
+                        f"{p.requests_per_s:7.1f} requests/s, p50 {p.p50_ms:.1f} ms, p99 {p.p99_ms:.0f} ms, "
+                        f"{p.failures} failed, {p.shed} shed",
+                        flush=True,
+                    )
+            wire_bytes = {
+                e: response_bytes(running[STACK].url, bodies("bulk", "", e)) for e in ENCODINGS
+            }
+        # Again at the end, the servers stopped, and the best of both kept (raw_engine.best_of).
+        end = measure_raw(repeats, texts, "end")
     raw = {backend: best_of(raw[backend], end[backend]) for backend in raw}
     results = report.results(
         points,

@@ -485,7 +485,7 @@ def holds_back(results: dict) -> list[str]:
     return lines
 
 
-def took(meta: dict) -> str:
+def took(meta: dict, raw: dict) -> str:
     """ " The run took N minutes …", from start to end as recorded ("" for a run that did not
     record its start)."""
     import datetime as dt
@@ -495,7 +495,8 @@ def took(meta: dict) -> str:
     minutes = (
         dt.datetime.fromisoformat(meta["date"]) - dt.datetime.fromisoformat(meta["started"])
     ).total_seconds() / 60
-    return f" The run took {minutes:.0f} minutes (raw sweep, servers' start and every point)."
+    sweeps = "raw sweeps at its start and end" if "runs" in raw["fp32"] else "raw sweep"
+    return f" The run took {minutes:.0f} minutes ({sweeps}, servers' start and every point)."
 
 
 def tracing_cost(paths: dict) -> list[str]:
@@ -553,7 +554,7 @@ def markdown(results: dict) -> str:
     lines = [
         f"Raw engine, in process: fp32 {raw['fp32']['sentences_per_s']:.0f} sentences/s (best plan: {raw['fp32']['plan']}), "
         f"int8 {raw['int8']['sentences_per_s']:.0f} ({raw['int8']['plan']}){_raw_runs(raw)}. {meta['repeats']} repeats of {meta['seconds_per_point']:.0f} s a chat point ({meta['seconds_per_point'] * BULK_LONGER:.0f} s a bulk, /classify or encoding point), "
-        f"interleaved; medians, with the spread [min, max] of sentences/s.{took(meta)}",
+        f"interleaved; medians, with the spread [min, max] of sentences/s.{took(meta, raw)}",
         "",
         "| workload | users | system | sentences/s [spread] | served/raw | stack ÷ this | p50 ms | p99 ms | failed | shed | CPU ms per request: main + other threads |",
         "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---|",

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import statistics
 
-from loadtests.raw_engine import best_of, sample
+from loadtests.raw_engine import ROW_COUNTS, TOKEN_BUDGETS, at_edge, best_of, sample
 from models import corpus
 
 
@@ -40,7 +40,12 @@ def test_the_limit_is_each_plan_s_best_measurement_and_the_best_plan_among_them(
     assert limit["sentences_per_s"] == max(limit["by_plan"].values())
     # a host slower at the start than at the end: the end's higher figure is the limit, not an error
     assert best_of(end, start)["sentences_per_s"] == 720.0
-    assert limit["runs"] == [
-        {"sentences_per_s": 700.0, "plan": "tokens 1024, 1 session"},
-        {"sentences_per_s": 720.0, "plan": "rows 32, 2 lanes"},
-    ]
+    assert limit["runs"] == [start, end]  # each measurement kept whole: the limit can be redone
+
+
+def test_a_best_plan_at_either_end_of_its_kind_s_sweep_is_flagged() -> None:
+    for kind, sizes in (("rows", ROW_COUNTS), ("tokens", TOKEN_BUDGETS)):
+        assert at_edge(f"{kind} {min(sizes)}, 2 lanes") and at_edge(
+            f"{kind} {max(sizes)}, 1 session"
+        )
+        assert not any(at_edge(f"{kind} {size}, 2 lanes") for size in sorted(sizes)[1:-1])

@@ -39,6 +39,15 @@ def test_every_recorded_run_is_full_and_within_its_raw_limits() -> None:
         assert len(meta["commit"]) >= 7 and "+" not in meta["commit"], (recorded.name, meta)
         assert recorded.stem == meta["date"][:10]
         assert report.above_raw(data) == [], recorded.name
+        for backend, limit in data["raw"].items():  # the limit is the best plan's median
+            assert limit["sentences_per_s"] == limit["by_plan"][limit["plan"]], recorded.name
+            assert limit["sentences_per_s"] == max(limit["by_plan"].values()), recorded.name
+            # measured at the run's start and end: each plan's best of the measurements kept whole
+            measured = [run["by_plan"] for run in limit.get("runs", []) if "by_plan" in run]
+            if measured:
+                assert limit["by_plan"] == {
+                    plan: max(m[plan] for m in measured) for plan in limit["by_plan"]
+                }, (recorded.name, backend)
         # The table is its points' medians (a row edited by hand fails), the ratios its quotients.
         rows = json.loads(json.dumps(report.table([Point(**p) for p in data["points"]])))
         assert data["rows"] == rows, recorded.name

@@ -116,7 +116,31 @@ def test_a_run_that_recorded_its_start_says_how_long_it_took() -> None:
         "started": "2026-11-24T18:58:00+00:00",
         "date": "2026-11-24T20:31:30+00:00",
     }
-    assert "The run took 94 minutes" in markdown(run)
+    assert "The run took 94 minutes (raw sweep, servers' start" in markdown(run)
+
+
+def test_a_limit_measured_at_the_start_and_the_end_names_both_measurements() -> None:
+    run = results()
+    once = markdown(run)
+    assert "the best of the run's start and end" not in once
+    for backend, measured in (("fp32", (940.0, 1000.0)), ("int8", (1600.0, 1550.0))):
+        run["raw"][backend]["runs"] = [
+            {"sentences_per_s": rate, "plan": "tokens 1024, 2 lanes", "by_plan": {}}
+            for rate in measured
+        ]
+    run["meta"] = {
+        **run["meta"],
+        "started": "2026-11-24T18:58:00+00:00",
+        "date": "2026-11-24T20:31:30+00:00",
+    }
+    text = markdown(run)
+    assert (
+        "fp32 1000 sentences/s (best plan: tokens 1024, 2 lanes), int8 1600 (tokens 1024, 2 lanes), "
+        "the best of the run's start and end (fp32 940 and 1000; int8 1600 and 1550)."
+    ) in text
+    assert "The run took 94 minutes (raw sweeps at its start and end, servers' start" in text
+    # nothing else in the figures changes
+    assert text.split("\n")[1:] == once.split("\n")[1:]
 
 
 def test_a_point_that_answered_nothing_without_failing_is_named() -> None:
