@@ -296,7 +296,8 @@ class _Api:
         if self.root:
             args = (data.root,) if isinstance(data, IORootModel) else (data,)
         else:
-            kwargs = {k: getattr(data, k) for k in data.model_fields}
+            # From the class: on the instance pydantic (2.11+) warns on every request, and V3 drops it.
+            kwargs = {k: getattr(data, k) for k in type(data).model_fields}
         if self.ctx_param is not None:
             kwargs[self.ctx_param] = ctx
         # The running instance, read per request as BentoML does (a restarted app has a new one).

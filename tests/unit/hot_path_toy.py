@@ -15,6 +15,7 @@ import asyncio
 import json
 import pickle
 import sys
+import warnings
 from http import HTTPStatus
 from typing import Any
 
@@ -221,7 +222,11 @@ def answers(service: HotPathService) -> dict[str, Any]:
     ServiceAppFactory.api_endpoint_wrapper = counted  # type: ignore[method-assign]
     app = service.to_asgi(is_main=True)
     out = []
-    with TestClient(app, raise_server_exceptions=False) as client:
+    with (
+        TestClient(app, raise_server_exceptions=False) as client,
+        warnings.catch_warnings(record=True) as caught,
+    ):
+        warnings.simplefilter("always")
         for path, body, media in REQUESTS:
             data = body if isinstance(body, bytes) else json.dumps(body).encode()
             resp = client.post(path, content=data, headers={"content-type": media, "x-agent": "t"})
@@ -234,6 +239,7 @@ def answers(service: HotPathService) -> dict[str, Any]:
         "routes": sorted(app.routes()) if isinstance(app, HotPath) else None,
         "bentoml_answered": len(wrapped),
         "background": BACKGROUND,
+        "warnings": sorted({f"{w.category.__name__}: {w.message}" for w in caught}),
     }
 
 
