@@ -19,7 +19,8 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 ROW_COUNTS = (8, 16, 32, 64, 128)
-# 256 since a run at 8077b26 found its best fp32 and int8 plans at 512, then the sweep's bottom.
+# 256 since 086d694's record (loadtests/results/2026-11-25.json) found fp32's best plan at its
+# start and int8's overall at 512, then the bottom of the sweep.
 TOKEN_BUDGETS = (256, 512, 1024, 2048, 4096)
 
 

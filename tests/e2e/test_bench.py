@@ -106,6 +106,8 @@ def test_raw_is_the_limit_of_every_served_figure_of_its_backend(results) -> None
         # measured at the run's start and at its end, the limit the best of both
         runs = data["raw"][backend]["runs"]
         assert len(runs) == 2, runs
+        # each kept whole, so that the limit can be redone from the record
+        assert all(set(run) == {"sentences_per_s", "plan", "by_plan"} for run in runs), runs
         assert data["raw"][backend]["sentences_per_s"] == max(r["sentences_per_s"] for r in runs)
 
 
