@@ -88,7 +88,6 @@ def main(argv: list[str] | None = None) -> int:
     ).stdout.strip()  # fmt: skip
     tree = OUT / f"tree-{rev}"
     adopt_orphans()  # a BentoML worker whose arbiter died stays this process's, stopped by PID
-    samples: dict[tuple[str, int], list[Sample]] = {}
     with contextlib.ExitStack() as stack:  # unwound in reverse: servers stopped, then the tree
         subprocess.run(
             ["git", "worktree", "remove", "--force", str(tree)], cwd=ROOT, capture_output=True
@@ -104,7 +103,7 @@ def main(argv: list[str] | None = None) -> int:
             stack.callback(server.stop)  # each stopped even if stopping another raised
             server.start()
             loadgen.run(server.url, "/embed", bodies, 16, 5)  # warm: sessions, caches, pools
-        samples = {(n, u): [] for n in servers for u in users}
+        samples: dict[tuple[str, int], list[Sample]] = {(n, u): [] for n in servers for u in users}
         for round_ in range(args.rounds):
             order = list(servers.items())[:: 1 if round_ % 2 == 0 else -1]
             for u in users:
