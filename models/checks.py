@@ -38,6 +38,11 @@ class Checks:
         ids = tokenize(self.tokenizer(), self.texts)
         return [pad(ids[i : i + 32]) for i in range(0, len(ids), 32)]
 
+    def calibration(self, count: int) -> list[Feeds]:
+        """``count`` calibration sentences (corpus.calibration_sentences), in unsorted batches of 32."""
+        ids = tokenize(self.tokenizer(), corpus.calibration_sentences(count))
+        return [pad(ids[i : i + 32]) for i in range(0, len(ids), 32)]
+
     @cache  # noqa: B019
     def reference(self) -> np.ndarray:
         from models import torch_reference

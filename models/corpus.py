@@ -149,6 +149,12 @@ def heldout_sentences(count: int = 256, seed: int = 5) -> list[str]:
     return out
 
 
+def calibration_sentences(count: int = 512) -> list[str]:
+    """Sentences the int8 build calibrates on (activation ranges for SmoothQuant), from the
+    'train' partition: none of them is among the held-out sentences its accuracy gate checks."""
+    return split(prose_sentences(), "train")[:count]
+
+
 def load_texts(seed: int = 11) -> list[str]:
     """The load-test corpus: prose and chat utterances shuffled together (3–120 word pieces)."""
     rng = random.Random(seed)

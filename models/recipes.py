@@ -134,7 +134,8 @@ class Recipes:
         from models import onnx_export
 
         def build(out: Path) -> dict[str, Any]:
-            kept_fp32 = onnx_export.quantise(base, out / "model.onnx")
+            calibration = self.checks.calibration(onnx_export.SMOOTHING["calibration_sentences"])
+            quantised = onnx_export.quantise(base, out / "model.onnx", calibration)
             fp32 = onnx_export.session(base)
             int8 = onnx_export.session(out / "model.onnx")
             figures = self.checks.int8_gate(
@@ -148,7 +149,9 @@ class Recipes:
                 "export": {
                     "quantisation": "onnxruntime.quantization.quantize_dynamic",
                     **onnx_export.QUANTISATION,
-                    "kept_fp32": kept_fp32,
+                    "smoothing": "SmoothQuant (models/smoothing.py)",
+                    **onnx_export.SMOOTHING,
+                    **quantised,
                     "base": base_tag,
                 },
                 "gate": INT8_GATE,
@@ -157,10 +160,15 @@ class Recipes:
             }
 
         inputs = self.common_inputs(
-            "models/onnx_export.py", "models/checks.py", packages=("onnxruntime",)
+            "models/onnx_export.py",
+            "models/checks.py",
+            "models/smoothing.py",
+            "models/corpus.py",
+            packages=("onnxruntime", "onnx"),
         ) | {
             "upstream": base_tag,
             "quantisation": onnx_export.QUANTISATION,
+            "smoothing": onnx_export.SMOOTHING,
             "fp32_nodes": onnx_export.FP32_NODES,
             "gate": INT8_GATE,
         }
