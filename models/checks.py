@@ -32,16 +32,18 @@ class Checks:
     def tokenizer(self):
         return load_tokenizer(self.src.path / "tokenizer.json", self.src.max_seq_len)
 
-    @cache  # noqa: B019
-    def batches(self) -> list[Feeds]:
-        """The check texts in unsorted batches of 32: mixed lengths, so padding must not leak."""
-        ids = tokenize(self.tokenizer(), self.texts)
+    def in_batches(self, texts: list[str], ordered: bool = False) -> list[Feeds]:
+        """``texts`` tokenized and padded in batches of 32, in their order (mixed lengths, so
+        padding must not leak) or ``ordered`` by length."""
+        ids = tokenize(self.tokenizer(), texts)
+        if ordered:
+            ids.sort(key=len)
         return [pad(ids[i : i + 32]) for i in range(0, len(ids), 32)]
 
-    def calibration(self, count: int) -> list[Feeds]:
-        """``count`` calibration sentences (corpus.calibration_sentences), in unsorted batches of 32."""
-        ids = tokenize(self.tokenizer(), corpus.calibration_sentences(count))
-        return [pad(ids[i : i + 32]) for i in range(0, len(ids), 32)]
+    @cache  # noqa: B019
+    def batches(self) -> list[Feeds]:
+        """The check texts in unsorted batches of 32."""
+        return self.in_batches(self.texts)
 
     @cache  # noqa: B019
     def reference(self) -> np.ndarray:
@@ -93,8 +95,7 @@ class Checks:
         """Sentences/s of two ONNX models on length-sorted batches of 32, interleaved, medians."""
         from models import onnx_export
 
-        ids = sorted(tokenize(self.tokenizer(), self.texts), key=len)
-        batches = [pad(ids[i : i + 32]) for i in range(0, len(ids), 32)]
+        batches = self.in_batches(self.texts, ordered=True)
         sessions = {
             "baseline": onnx_export.session(baseline),
             "candidate": onnx_export.session(candidate),
@@ -105,6 +106,6 @@ class Checks:
                 started = time.perf_counter()
                 for feeds in batches:
                     onnx_export.embed(sess, feeds)
-                rates[key].append(len(ids) / (time.perf_counter() - started))
+                rates[key].append(len(self.texts) / (time.perf_counter() - started))
         base, cand = statistics.median(rates["baseline"]), statistics.median(rates["candidate"])
         return {"baseline_sent_per_s": base, "candidate_sent_per_s": cand, "speedup": cand / base}

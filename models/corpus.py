@@ -150,8 +150,9 @@ def heldout_sentences(count: int = 256, seed: int = 5) -> list[str]:
 
 
 def calibration_sentences(count: int = 512) -> list[str]:
-    """Sentences the int8 build calibrates on (activation ranges for SmoothQuant), from the
-    'train' partition: none of them is among the held-out sentences its accuracy gate checks."""
+    """Sentences the int8 build calibrates on (activation ranges for SmoothQuant): prose of the
+    'train' partition, in the corpus's order (no chat utterances); none is among the held-out
+    sentences its accuracy gate checks."""
     return split(prose_sentences(), "train")[:count]
 
 

@@ -8,7 +8,7 @@ from importlib.metadata import version
 from pathlib import Path
 from typing import Any
 
-from models import corpus, store
+from models import corpus, source, store
 from models.checks import INT8_GATE, BuildError, Checks
 from serving import contracts
 from serving.features import load_tokenizer, tokenize
@@ -133,9 +133,12 @@ class Recipes:
     def onnx_int8(self, base: Path, base_tag: str) -> store.Artefact:
         from models import onnx_export
 
+        calibration = corpus.calibration_sentences(onnx_export.SMOOTHING["calibration_sentences"])
+
         def build(out: Path) -> dict[str, Any]:
-            calibration = self.checks.calibration(onnx_export.SMOOTHING["calibration_sentences"])
-            quantised = onnx_export.quantise(base, out / "model.onnx", calibration)
+            quantised = onnx_export.quantise(
+                base, out / "model.onnx", self.checks.in_batches(calibration)
+            )
             fp32 = onnx_export.session(base)
             int8 = onnx_export.session(out / "model.onnx")
             figures = self.checks.int8_gate(
@@ -164,9 +167,14 @@ class Recipes:
             "models/checks.py",
             "models/smoothing.py",
             "models/corpus.py",
+            "models/recipes.py",
             packages=("onnxruntime", "onnx"),
         ) | {
             "upstream": base_tag,
+            # The calibration's token ids: its sentences (CPython's pydoc text, which changes
+            # with the Python version) and the source's tokenizer (source_sha256 is the weights').
+            "calibration_sha256": store.fingerprint({"lines": calibration}),
+            "tokenizer_sha256": source.sha256_file(self.src.path / "tokenizer.json"),
             "quantisation": onnx_export.QUANTISATION,
             "smoothing": onnx_export.SMOOTHING,
             "fp32_nodes": onnx_export.FP32_NODES,

@@ -10,10 +10,11 @@ taken over calibration sentences, alpha the share of the difficulty moved into t
 Written here rather than taken from a library: ONNX Runtime's only smoother is
 ``quantize_static(extra_options={"SmoothQuant": True})``, which calls neural-compressor 2.x (it
 imports ``pkg_resources``, gone from current setuptools) and works for static quantisation only;
-its successor, onnx-neural-compressor, pins numpy<2. MiniLM is post-LayerNorm: each LayerNorm's
-output also feeds a residual Add, so 1/s cannot be folded into the LayerNorm's weights as in
-SmoothQuant's pre-LayerNorm models; every smoothed input gets a Mul node instead (int8 measured
-~2-5 % slower with them than quantised unsmoothed, and passes its accuracy gate only with them).
+its successor, onnx-neural-compressor, pins numpy<2. Where 1/s goes: SmoothQuant's own models are
+pre-LayerNorm and fold it into the LayerNorm's weights, but MiniLM is post-LayerNorm (each
+LayerNorm's output also feeds a residual Add) and GELU's output has no linear producer, so every
+smoothed input gets a Mul node, one rule for all (only the attention context, linear in the value
+projection, could take it in its weights). The Muls cost int8 ~2-5 % of its speed (measured).
 """
 
 from __future__ import annotations
@@ -36,13 +37,24 @@ class Smoothed:
 
 
 def weighted_matmuls(graph, skip: Callable[[str], bool]) -> dict[str, list]:
-    """MatMul nodes whose weight is a constant (what ``quantize_dynamic`` quantises), grouped by
-    the tensor they read: one scale per input, shared by every MatMul reading it (query, key and
-    value read the same LayerNorm output). Nodes for which ``skip(name)`` holds are left out."""
+    """MatMul nodes whose weight is an initializer (in MiniLM's export, every MatMul that
+    ``quantize_dynamic`` quantises), grouped by the tensor they read: one scale per input, shared
+    by every MatMul reading it (query, key and value read the same LayerNorm output). Nodes for
+    which ``skip(name)`` holds are left out. A weight that another node reads too is refused: it
+    is scaled in place, which would change what that node computes."""
     constants = {init.name for init in graph.initializer}
+    readers: dict[str, int] = {}
+    for node in graph.node:
+        for name in node.input:
+            readers[name] = readers.get(name, 0) + 1
     groups: dict[str, list] = {}
     for node in graph.node:
         if node.op_type == "MatMul" and node.input[1] in constants and not skip(node.name):
+            if readers[node.input[1]] > 1:
+                raise ValueError(
+                    f"weight {node.input[1]!r} of {node.name!r} is read by "
+                    f"{readers[node.input[1]]} nodes: smoothing scales it in place"
+                )
             groups.setdefault(node.input[0], []).append(node)
     return groups
 
