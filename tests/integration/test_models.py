@@ -74,6 +74,15 @@ def test_tokenizer_has_no_fixed_padding_and_truncates_at_the_model_limit(tokeniz
     assert len(long) == contracts.MAX_SEQ_LEN == 256
 
 
+def test_tokenize_gives_the_ids_of_the_tokenizers_full_encode_on_the_corpus(tokenizer) -> None:
+    """``tokenize`` takes the fast tokenizer's encode_batch_fast (no offsets): its ids are those of
+    encode_batch, one text at a time (as the service tokenizes a chat request) and in batches."""
+    texts = corpus.load_texts()
+    full = [encoding.ids for encoding in tokenizer.encode_batch(texts)]
+    assert tokenize(tokenizer, texts) == full
+    assert [tokenize(tokenizer, [text])[0] for text in texts] == full
+
+
 def test_sentencepiece_transformers_tokenizer_equals_sentencepiece_on_1000_lines() -> None:
     import sentencepiece
     from transformers import AutoTokenizer
