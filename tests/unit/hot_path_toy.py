@@ -12,6 +12,7 @@ traced, unsafe.
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
 import pickle
 import sys
@@ -339,6 +340,22 @@ def unsafe(service: HotPathService) -> list[str]:
         return sorted(app.routes())
 
 
+def frozen(service: HotPathService) -> dict[str, Any]:
+    """What ``gc.freeze`` holds before the app starts and once its start-up is complete, and
+    whether the service instance, made at start-up, is among the frozen objects then (objects
+    frozen are out of every generation ``gc.get_objects`` lists)."""
+    from _bentoml_sdk import get_current_service
+
+    before = gc.get_freeze_count()
+    with TestClient(service.to_asgi(is_main=True)):
+        instance = id(get_current_service())
+        return {
+            "before": before,
+            "after": gc.get_freeze_count(),
+            "instance_frozen": instance not in {id(o) for o in gc.get_objects()},
+        }
+
+
 if __name__ == "__main__":
     scenario, variant = sys.argv[1:3]
     service = toy(
@@ -356,5 +373,6 @@ if __name__ == "__main__":
         "internal-pickle": lambda s: pickled(s, main=False),
         "traced": traced,
         "unsafe": unsafe,
+        "frozen": frozen,
     }[scenario]
     print(json.dumps(run(service)))

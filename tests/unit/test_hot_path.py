@@ -197,3 +197,12 @@ def test_a_reply_is_one_sized_body_of_float32_numbers() -> None:
     strided = dumps({"v": vectors[:, ::2]})
     assert strided == b'{"v":[[0.10000000149011612,1.0]]}'
     assert np.array_equal(np.asarray(json.loads(strided)["v"], np.float32), vectors[:, ::2])
+
+
+def test_start_up_objects_are_frozen_once_start_up_is_complete(tmp_path_factory) -> None:
+    """The lean path's service freezes what start-up made (gc.freeze), the service instance among
+    it, so that full collections stop scanning it; BentoML's own freezes nothing."""
+    lean = run("frozen", "lean", tmp_path_factory)
+    assert lean["before"] == 0 and lean["after"] > 0 and lean["instance_frozen"], lean
+    full = run("frozen", "bentoml", tmp_path_factory)
+    assert full["after"] == 0 and not full["instance_frozen"], full
