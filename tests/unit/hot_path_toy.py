@@ -341,18 +341,19 @@ def unsafe(service: HotPathService) -> list[str]:
 
 
 def frozen(service: HotPathService) -> dict[str, Any]:
-    """What ``gc.freeze`` holds before the app starts and once its start-up is complete, and
-    whether the service instance, made at start-up, is among the frozen objects then (objects
-    frozen are out of every generation ``gc.get_objects`` lists)."""
+    """What ``gc.freeze`` holds before the app starts and once its start-up is complete, whether
+    the service instance, made at start-up, is among the frozen objects then (objects frozen are
+    out of every generation ``gc.get_objects`` lists), and the collector's thresholds."""
     from _bentoml_sdk import get_current_service
 
-    before = gc.get_freeze_count()
+    before, thresholds = gc.get_freeze_count(), gc.get_threshold()
     with TestClient(service.to_asgi(is_main=True)):
         instance = id(get_current_service())
         return {
             "before": before,
             "after": gc.get_freeze_count(),
             "instance_frozen": instance not in {id(o) for o in gc.get_objects()},
+            "thresholds": [thresholds, gc.get_threshold()],
         }
 
 

@@ -201,8 +201,14 @@ def test_a_reply_is_one_sized_body_of_float32_numbers() -> None:
 
 def test_start_up_objects_are_frozen_once_start_up_is_complete(tmp_path_factory) -> None:
     """The lean path's service freezes what start-up made (gc.freeze), the service instance among
-    it, so that full collections stop scanning it; BentoML's own freezes nothing."""
+    it, so that full collections stop scanning it, and starts young collections later; BentoML's
+    own leaves the collector as it was."""
+    from serving.hot_path import YOUNG_COLLECTION_THRESHOLD
+
     lean = run("frozen", "lean", tmp_path_factory)
     assert lean["before"] == 0 and lean["after"] > 0 and lean["instance_frozen"], lean
+    (young, *older), after = lean["thresholds"]
+    assert after == [YOUNG_COLLECTION_THRESHOLD, *older] and young < YOUNG_COLLECTION_THRESHOLD
     full = run("frozen", "bentoml", tmp_path_factory)
     assert full["after"] == 0 and not full["instance_frozen"], full
+    assert full["thresholds"][1] == full["thresholds"][0]
