@@ -32,7 +32,8 @@ def load_tokenizer(tokenizer_json: Path, max_len: int = MAX_SEQ_LEN):
 
 def tokenize(tokenizer, texts: Sequence[str]) -> list[list[int]]:
     # encode_batch_fast: encode_batch without the character offsets (left at zero), which nothing
-    # here reads; ~30-40 us less a sentence of the corpus (tokenizers 0.23, one text a call).
+    # here reads. Measured: ~40 us less a text (timeit, 200 corpus texts one a call), and the
+    # tokenizer service's CPU ~20 us less a chat request at 64 users (make ab).
     return [encoding.ids for encoding in tokenizer.encode_batch_fast(list(texts))]
 
 

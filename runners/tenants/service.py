@@ -129,9 +129,10 @@ class TenantRunner:
         directory = directory.parent / version
         loop = asyncio.get_running_loop()
         # Give the memory of evicted models back before taking more, once they hold a fifth of
-        # the budget: a full collection holds the GIL for ~0.2 s with TensorFlow loaded (measured:
+        # the budget: a full collection held the GIL for ~0.2 s with TensorFlow loaded (measured:
         # 370k objects), so once per eviction stalled every request behind it (1,000 tenants,
-        # budget 10 %: cold p50 2.2 s, warm p99 0.27 s).
+        # budget 10 %: cold p50 2.2 s, warm p99 0.27 s). Measured before start-up's objects were
+        # frozen (serving/hot_path.py): a collection now scans only what was made since.
         release = self.uncollected >= RELEASE_FRACTION * SETTINGS.budget_bytes
         if release:
             self.uncollected = 0

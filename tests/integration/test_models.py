@@ -76,8 +76,9 @@ def test_tokenizer_has_no_fixed_padding_and_truncates_at_the_model_limit(tokeniz
 
 def test_tokenize_gives_the_ids_of_the_tokenizers_full_encode_on_the_corpus(tokenizer) -> None:
     """``tokenize`` takes the fast tokenizer's encode_batch_fast (no offsets): its ids are those of
-    encode_batch, one text at a time (as the service tokenizes a chat request) and in batches."""
-    texts = corpus.load_texts()
+    encode_batch, one text at a time (as the service tokenizes a chat request) and in batches,
+    on the corpus and on texts cut at the model's limit, empty, accented and not Latin."""
+    texts = [*corpus.load_texts(), "word " * 1000, "", "Crème brûlée à Noël", "東京は晴れ 🙂"]
     full = [encoding.ids for encoding in tokenizer.encode_batch(texts)]
     assert tokenize(tokenizer, texts) == full
     assert [tokenize(tokenizer, [text])[0] for text in texts] == full

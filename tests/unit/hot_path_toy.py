@@ -17,6 +17,7 @@ import json
 import pickle
 import sys
 import warnings
+import weakref
 from http import HTTPStatus
 from typing import Any
 
@@ -343,9 +344,20 @@ def unsafe(service: HotPathService) -> list[str]:
 def frozen(service: HotPathService) -> dict[str, Any]:
     """What ``gc.freeze`` holds before the app starts and once its start-up is complete, whether
     the service instance, made at start-up, is among the frozen objects then (objects frozen are
-    out of every generation ``gc.get_objects`` lists), and the collector's thresholds."""
+    out of every generation ``gc.get_objects`` lists), whether garbage made before was collected,
+    and the collector's thresholds."""
     from _bentoml_sdk import get_current_service
 
+    class Node:
+        pass
+
+    # Garbage in a cycle, made before start-up completes, with no automatic collection to free it
+    # first: only a collection before the freeze keeps it from being frozen for good.
+    gc.disable()
+    garbage = Node()
+    garbage.itself = garbage  # type: ignore[attr-defined]
+    left = weakref.ref(garbage)
+    del garbage
     before, thresholds = gc.get_freeze_count(), gc.get_threshold()
     with TestClient(service.to_asgi(is_main=True)):
         instance = id(get_current_service())
@@ -353,6 +365,7 @@ def frozen(service: HotPathService) -> dict[str, Any]:
             "before": before,
             "after": gc.get_freeze_count(),
             "instance_frozen": instance not in {id(o) for o in gc.get_objects()},
+            "garbage_collected": left() is None,
             "thresholds": [thresholds, gc.get_threshold()],
         }
 
