@@ -210,6 +210,8 @@ def test_start_up_objects_are_frozen_once_start_up_is_complete(tmp_path_factory)
     assert lean["garbage_collected"], lean
     (young, *older), after = lean["thresholds"]
     assert after == [YOUNG_COLLECTION_THRESHOLD, *older] and young < YOUNG_COLLECTION_THRESHOLD
+    # Above what a busy tokenizer holds in requests in flight (~7,500 objects at 64 chat users).
+    assert YOUNG_COLLECTION_THRESHOLD >= 5 * 7_500
     full = run("frozen", "bentoml", tmp_path_factory)
     assert full["after"] == 0 and not full["instance_frozen"], full
     assert not full["garbage_collected"], full  # nothing collected it: the check can fail
