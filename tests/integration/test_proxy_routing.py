@@ -22,7 +22,7 @@ import pytest
 
 from loadtests.processes import free_port, stop_processes
 from loadtests.routing import Ring
-from tests.unit.test_proxy_config import COMPOSE_CFG, haproxy, section
+from tests.unit.test_proxy_config import COMPOSE_CFG, K8S_CFG, haproxy, section
 
 # A replica: answers every GET with its name after ?sleep= seconds.
 BACKEND = """
@@ -143,3 +143,56 @@ def test_a_hot_tenants_concurrent_requests_spread_as_the_bounded_load_model_says
     assert served == Counter(in_flight), (served, in_flight)
     # No replica above 1.5x the mean: the hot tenant spilled instead of queueing on one.
     assert max(served.values()) <= 1.5 * concurrent / 3
+
+
+@pytest.mark.parametrize(
+    ("path", "resolvers"),
+    [(COMPOSE_CFG, "resolvers docker"), (K8S_CFG, "resolvers kube")],
+    ids=["compose", "kubernetes"],
+)
+def test_the_proxy_logs_a_failed_request_and_not_a_served_one(
+    tmp_path: Path, path: Path, resolvers: str
+) -> None:
+    """Each proxy config's own global, resolvers and defaults sections: a request no replica
+    answers (503) is logged with HAProxy's termination state, a served one is not (dontlog-normal).
+    HAProxy logs requests at "info", errors included, and the log line keeps "notice" and above:
+    errors are raised to "err" (log-separate-errors), without which none was logged."""
+    cfg = path.read_text()
+    sections = ("global", resolvers, "defaults")
+    head = [
+        f"{name}\n" + "".join(f"  {line}\n" for line in section(cfg, name)) for name in sections
+    ]
+    front, closed = free_port(), free_port()
+    written = tmp_path / "haproxy.cfg"
+    written.write_text(
+        "".join(head)
+        + f"frontend public\n  bind 127.0.0.1:{front}\n  use_backend served if {{ path /served }}\n"
+        + "  default_backend gone\n"
+        + "backend served\n  http-request return status 200\n"
+        + f"backend gone\n  server replica 127.0.0.1:{closed}\n"
+    )
+    log = tmp_path / "haproxy.log"
+    with open(log, "w") as out:
+        proc = subprocess.Popen([*haproxy(), "-db", "-f", str(written)], stdout=out, stderr=out)
+    try:
+        url = f"http://127.0.0.1:{front}"
+        deadline = time.monotonic() + 20
+        while True:
+            try:
+                served = httpx.get(f"{url}/served", timeout=5)
+                break
+            except httpx.TransportError:
+                assert time.monotonic() < deadline, "HAProxy did not start"
+                time.sleep(0.1)
+        failed = httpx.get(f"{url}/unanswered", timeout=10)
+        assert (served.status_code, failed.status_code) == (200, 503)
+        deadline = time.monotonic() + 5
+        while "/unanswered" not in log.read_text() and time.monotonic() < deadline:
+            time.sleep(0.1)
+    finally:
+        stop_processes([psutil.Process(proc.pid)])
+        proc.wait(timeout=10)
+    assert not psutil.pid_exists(proc.pid)
+    requests = [line for line in log.read_text().splitlines() if '"GET ' in line]
+    assert len(requests) == 1 and '"GET /unanswered' in requests[0], requests
+    assert " 503 " in requests[0], requests

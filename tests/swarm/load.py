@@ -1,7 +1,8 @@
 """A load client for the Swarm test, run in a container on the stack's network (the tokenizer's
 image, which has httpx): THREADS clients call the front door in a loop (embed, classify,
 similarity) until SIGTERM or SECONDS, compare every answer with the reference given, and print a
-JSON summary: counts, each failure (time, endpoint, status or error) and each wrong answer.
+JSON summary: counts, each failure (time, endpoint, status or error and its message) and each
+wrong answer.
 
     python load.py '{"url": ..., "threads": 4, "seconds": 300, "tenant": ..., "reference": {...}}'
 """
@@ -59,7 +60,10 @@ def client(spec: dict, started: float, results: dict, lock: threading.Lock) -> N
             try:
                 reply = http.post(route, json=payload)
             except httpx.TransportError as exc:
-                outcome = {"at": at, "route": route, "error": type(exc).__name__}
+                # The message tells a connection closed before any answer from one closed
+                # mid-answer (both are RemoteProtocolError).
+                outcome = {"at": at, "route": route, "error": type(exc).__name__,
+                           "message": str(exc)[:200]}  # fmt: skip
             else:
                 if reply.status_code != 200:
                     outcome = {

@@ -161,6 +161,14 @@ def save_logs(stack: str) -> None:
                 log.write(f"===== {cid}: no log within 30 s =====\n")
 
 
+def proxy_log(swarm: Swarm) -> str:
+    """The proxy's log: only errors and retries (`option dontlog-normal`), each with HAProxy's
+    termination state, so a failed request under load says which side closed what."""
+    return "\n".join(
+        docker("logs", "--tail", "50", cid, check=False) for cid in swarm.containers("proxy")
+    )
+
+
 def load(swarm: Swarm, seconds: float) -> str:
     return swarm.start_client(
         LOAD.read_text(),
@@ -253,7 +261,7 @@ def test_killed_replicas_are_replaced_and_nothing_answers_wrong(swarm: Swarm) ->
     print(f"{result['requests']} requests, {len(result['failed'])} failed: {result['failed']}")
     assert result["wrong"] == [], result["wrong"]
     # Only requests in flight at the kill may fail: THREADS clients, so at most THREADS of them.
-    assert len(result["failed"]) <= THREADS, result["failed"]
+    assert len(result["failed"]) <= THREADS, (result["failed"], proxy_log(swarm))
     assert result["ok"] > 100, result
     deadline = time.monotonic() + 180
     while (swarm.replicas("onnx-runner"), swarm.replicas(home)) != ((2, 2), (1, 1)):
@@ -279,7 +287,7 @@ def test_rolling_update_of_the_tokenizer_under_load_fails_nothing(swarm: Swarm) 
     print(
         f"rolled out in {took:.0f} s; {result['requests']} requests, replicas {result['replicas']}"
     )
-    assert result["failed"] == [] and result["wrong"] == [], result
+    assert result["failed"] == [] and result["wrong"] == [], (result, proxy_log(swarm))
     assert result["ok"] > 100, result
     spec = docker("service", "inspect", "--format", "{{.Spec.TaskTemplate.ContainerSpec.Image}}",
                   f"{swarm.stack}_tokenizer")  # fmt: skip
