@@ -1,7 +1,8 @@
 """The routing model (loadtests/routing.py, which `make simulate-replicas` runs) against a real
 HAProxy running the tenant backend's own directives from deploy/proxy/haproxy.cfg: every tenant
 lands where the model says, a replica added takes only keys the model moves to it, and a hot tenant's
-concurrent requests spread exactly as the model's bounded load spreads them.
+concurrent requests spread exactly as the model's bounded load spreads them. And each proxy config's
+logging: a failed request logged, a served one not.
 
 HAProxy (Debian's, unpacked by `make tools`) and the backends (one tiny HTTP server per replica,
 naming itself) bind 127.0.0.1 and are stopped by PID and checked gone."""

@@ -162,8 +162,8 @@ def save_logs(stack: str) -> None:
 
 
 def proxy_log(swarm: Swarm) -> str:
-    """The proxy's log: only errors and retries (`option dontlog-normal`), each with HAProxy's
-    termination state, so a failed request under load says which side closed what."""
+    """The proxy's log: only failed, retried and redispatched requests (deploy/README.md), each
+    with HAProxy's termination state, so a failed request under load says which side closed what."""
     return "\n".join(
         docker("logs", "--tail", "50", cid, check=False) for cid in swarm.containers("proxy")
     )
