@@ -6,6 +6,9 @@ aggregated by BentoML's multiprocess collector.
 
 from __future__ import annotations
 
+from functools import cached_property
+from typing import Any
+
 import bentoml
 
 _LABELS = ["runner", "model"]
@@ -63,22 +66,51 @@ class NullRecorder:
 
 
 class Recorder(NullRecorder):
-    """Writes one batcher's observations to the metrics above, under fixed labels."""
+    """Writes one batcher's observations to the metrics above, under fixed labels.
+
+    Each metric's child for those labels is looked up at its first observation and kept:
+    ``labels()`` formats the values and takes a lock on every call, and a runner observes four
+    histograms an engine call. (First use, not construction, as a per-call lookup did: the child
+    is made in the process that observes, after BentoML set up the multiprocess values.)"""
 
     def __init__(self, runner: str, model: str) -> None:
         self.labels = {"runner": runner, "model": model}
 
+    @cached_property
+    def _rows(self) -> Any:
+        return BATCH_ROWS.labels(**self.labels)
+
+    @cached_property
+    def _padded(self) -> Any:
+        return BATCH_PADDED_TOKENS.labels(**self.labels)
+
+    @cached_property
+    def _efficiency(self) -> Any:
+        return PADDING_EFFICIENCY.labels(**self.labels)
+
+    @cached_property
+    def _engine(self) -> Any:
+        return ENGINE_SECONDS.labels(**self.labels)
+
+    @cached_property
+    def _queue(self) -> Any:
+        return QUEUE_SECONDS.labels(**self.labels)
+
+    @cached_property
+    def _depth(self) -> Any:
+        return QUEUED_TOKENS.labels(**self.labels)
+
     def engine_call(self, rows: int, padded: int, real: int, seconds: float) -> None:
-        BATCH_ROWS.labels(**self.labels).observe(rows)
-        BATCH_PADDED_TOKENS.labels(**self.labels).observe(padded)
-        PADDING_EFFICIENCY.labels(**self.labels).observe(real / padded)
-        ENGINE_SECONDS.labels(**self.labels).observe(seconds)
+        self._rows.observe(rows)
+        self._padded.observe(padded)
+        self._efficiency.observe(real / padded)
+        self._engine.observe(seconds)
 
     def queued(self, seconds: float) -> None:
-        QUEUE_SECONDS.labels(**self.labels).observe(seconds)
+        self._queue.observe(seconds)
 
     def shed(self, reason: str) -> None:
-        SHED.labels(**self.labels, reason=reason).inc()
+        SHED.labels(**self.labels, reason=reason).inc()  # rare, and one child per reason
 
     def queue_depth(self, tokens: int) -> None:
-        QUEUED_TOKENS.labels(**self.labels).set(tokens)
+        self._depth.set(tokens)

@@ -38,3 +38,37 @@ def test_sorting_keeps_padding_small_on_mixed_lengths() -> None:
 def test_rejects_non_positive_limits() -> None:
     with pytest.raises(ValueError):
         plan([1, 2], 0, 4)
+
+
+def _cheapest(widths: list[int], max_tokens: int, max_rows: int, overhead: int) -> int:
+    """The least sum(overhead + rows x width) over every split of sorted ``widths`` into
+    contiguous groups within the limits (a lone sequence may exceed the budget): by exhaustion."""
+    if not widths:
+        return 0
+    costs = []
+    for start in range(len(widths)):
+        rows, width = len(widths) - start, widths[-1]
+        if rows == 1 or (rows <= max_rows and rows * width <= max_tokens):
+            costs.append(
+                _cheapest(widths[:start], max_tokens, max_rows, overhead) + overhead + rows * width
+            )
+    return min(costs)
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_the_plan_is_the_cheapest_split(seed: int) -> None:
+    rng = random.Random(seed)
+    lengths = [rng.randint(1, 60) for _ in range(rng.randint(1, 11))]
+    budget, rows, overhead = (
+        rng.choice([16, 64, 256]),
+        rng.choice([1, 3, 8]),
+        rng.choice([0, 8, 32]),
+    )
+    groups = plan(lengths, budget, rows, overhead)
+    cost = sum(overhead + g.padded_tokens for g in groups)
+    assert cost == _cheapest(sorted(lengths), budget, rows, overhead)
+
+
+def test_equal_lengths_keep_their_arrival_order() -> None:
+    groups = plan([7, 3, 7, 3, 7], max_tokens=64, max_rows=8)
+    assert [i for g in groups for i in g.indices] == [1, 3, 0, 2, 4]
