@@ -69,9 +69,8 @@ class Recorder(NullRecorder):
     """Writes one batcher's observations to the metrics above, under fixed labels.
 
     Each metric's child for those labels is looked up at its first observation and kept:
-    ``labels()`` formats the values and takes a lock on every call, and a runner observes four
-    histograms an engine call. (First use, not construction, as a per-call lookup did: the child
-    is made in the process that observes, after BentoML set up the multiprocess values.)"""
+    ``labels()`` formats the values and takes a lock on every call (to return the same child
+    each time), and a runner observes four histograms an engine call."""
 
     def __init__(self, runner: str, model: str) -> None:
         self.labels = {"runner": runner, "model": model}

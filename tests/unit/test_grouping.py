@@ -70,5 +70,11 @@ def test_the_plan_is_the_cheapest_split(seed: int) -> None:
 
 
 def test_equal_lengths_keep_their_arrival_order() -> None:
-    groups = plan([7, 3, 7, 3, 7], max_tokens=64, max_rows=8)
-    assert [i for g in groups for i in g.indices] == [1, 3, 0, 2, 4]
+    lengths = [7, 3, 7, 3, 7, 3, 7, 7, 3, 7, 3, 3]
+    groups = plan(lengths, max_tokens=1024, max_rows=64)
+    assert [i for g in groups for i in g.indices] == [1, 3, 5, 8, 10, 11, 0, 2, 4, 6, 7, 9]
+
+
+def test_at_equal_cost_the_fewer_calls_win() -> None:
+    # One call of two or two calls of one: both cost 2 padded tokens when a call costs nothing.
+    assert [g.indices for g in plan([1, 1], max_tokens=8, max_rows=2, overhead=0)] == [(0, 1)]
