@@ -29,6 +29,12 @@ def _thread_seconds(pid: int, tid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / TICKS  # utime + stime
 
 
+def waited_s(pid: int) -> float:
+    """Seconds the main thread of ``pid`` has spent runnable but not running, waiting for a core:
+    the run-queue delay in ``/proc/PID/task/PID/schedstat`` (its second field, ns)."""
+    return int(Path(f"/proc/{pid}/task/{pid}/schedstat").read_text().split()[1]) / 1e9
+
+
 def usage(pid: int) -> Usage:
     main = other = 0.0
     for entry in os.scandir(f"/proc/{pid}/task"):

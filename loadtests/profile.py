@@ -173,12 +173,14 @@ def profile(server: Server, users: int, seconds: float, rate: int = 250) -> dict
     stacks.mkdir(parents=True, exist_ok=True)
     files = {name: stacks / f"{name}.txt" for name in pids}
     before = cpu.snapshot([server.process(), *server.descendants()])
+    waited = {name: cpu.waited_s(pid) for name, pid in pids.items()}
     samplers: dict[str, subprocess.Popen] = {}
     try:
         for name, pid in pids.items():
             samplers[name] = sample(pid, seconds, rate, files[name])
         load = loadgen.run(server.url, "/embed", body, users, seconds)
         after = cpu.snapshot([server.process(), *server.descendants()])
+        waited = {name: cpu.waited_s(pid) - waited[name] for name, pid in pids.items()}
         for name, proc in samplers.items():
             said, _ = proc.communicate(timeout=seconds + 60)
             if proc.returncode or not files[name].exists():
@@ -201,6 +203,7 @@ def profile(server: Server, users: int, seconds: float, rate: int = 250) -> dict
             "from_proc": proc_cpu[name],
             **split(proc_cpu[name], kinds),
             "samples": {kind: sum(by.values()) for kind, by in kinds.items()},
+            "main_waited_ms": round(waited[name] * 1000 / load.ok, 4),
         }
         for name, kinds in counts.items()
     }
@@ -240,10 +243,30 @@ def markdown(data: dict) -> str:
                 f"| {name} | {kind.replace('_', ' ')} | **all** ({p['samples'][kind]:,} samples) "
                 f"| **{total:.3f}** | |"
             )
+    waits = [
+        f"{name} {p['main_waited_ms']:.3f} ms a request ({_sampled_ms(run, p):.3f} sampled as active, "
+        f"against {p['from_proc']['main_ms']:.3f} of CPU)"
+        for name, p in run["processes"].items()
+        if "main_waited_ms" in p
+    ]
+    if waits:
+        lines += [
+            "",
+            "Each main thread also waited for a core, runnable but not running (the run-queue "
+            "delay, /proc schedstat): " + "; ".join(waits) + ". The sampler counts a thread that "
+            "waits for a core as active, so a thread's samples are its running and its waiting "
+            "time together: the shares above are of both, and the ms are /proc's CPU split in "
+            "those shares.",
+        ]
     return (
         "\n".join(lines)
         + f"\n\nMeasured {meta['date'][:10]}, {meta['machine']}, commit {meta['commit']}."
     )
+
+
+def _sampled_ms(run: dict, process: dict) -> float:
+    """A main thread's samples as ms a request: what the sampler saw it active for."""
+    return process["samples"]["main"] * 1000 / run["rate_hz"] / run["requests"]
 
 
 def readme_block(recorded: Path) -> str:

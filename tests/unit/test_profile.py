@@ -92,3 +92,24 @@ def test_the_figures_are_proc_cpu_by_category() -> None:
     assert "| tokenizer | main | HTTP (uvicorn) | 0.300 | 75% |" in text
     assert "| tokenizer | main | **all** (4,000 samples) | **0.400** | |" in text
     assert "300 requests/s answered, 0 failed or shed" in text
+    assert "waited for a core" not in text  # a record made before the wait was measured
+
+
+def test_the_figures_give_each_main_threads_wait_for_a_core_beside_its_samples() -> None:
+    process = {
+        "from_proc": {"main_ms": 0.1, "other_threads_ms": 6.0, "total_ms": 6.1},
+        "main": {"HTTP (uvicorn)": 0.1},
+        "other_threads": {"engine (ONNX Runtime)": 6.0},
+        "samples": {"main": 675, "other_threads": 9000},
+        "main_waited_ms": 0.2,
+    }
+    data = {
+        "meta": {"date": "2026-11-26T05:00:00+00:00", "machine": "x86_64, 2 cores", "commit": "abc1234"},
+        "profile": {
+            "users": 64, "seconds": 30, "rate_hz": 250, "requests": 9000, "failed": 0,
+            "requests_per_s": 300.0, "processes": {"onnx_runner": process},
+        },
+    }  # fmt: skip
+    text = markdown(data)
+    # 675 samples at 250 Hz over 9,000 requests: 0.3 ms a request seen active, 0.1 of it CPU
+    assert "onnx_runner 0.200 ms a request (0.300 sampled as active, against 0.100 of CPU)" in text
