@@ -6,9 +6,11 @@ runner's worker processes with py-spy (``--nonblocking``: they are not paused; p
 threads that are idle). Each sample is put in the first category whose rule matches its stack,
 leaf first. The amounts come from /proc (``cpu.py``): each process's CPU per request over the same
 seconds, main thread and other threads apart, split by category in the samples' proportions. The
-samples are not the amounts: on two busy cores they added up to more CPU time than the cores had
-(a thread waiting for a core looks active to the sampler, most likely). Python frames only: time in a C or Rust extension is counted at the
-Python line that called it, which the rules name (``_CALLS``).
+samples are not the amounts: py-spy counts a thread that is runnable but waiting for a core as
+active, and on two busy cores a main thread waited for one from ~0.7 to ~2 times as long as it ran
+(the profile gives each main thread's run-queue delay from /proc beside its samples and its CPU).
+Python frames only: time in a C or Rust extension is counted at the Python line that called it,
+which the rules name (``_CALLS``).
 
 A full run records ``loadtests/results/profiles/DATE.json`` and regenerates the profile in
 loadtests/README.md; ``PROFILE_SECONDS`` (default 30) is its length, and a run shorter than that
@@ -254,9 +256,9 @@ def markdown(data: dict) -> str:
             "",
             "Each main thread also waited for a core, runnable but not running (the run-queue "
             "delay, /proc schedstat): " + "; ".join(waits) + ". The sampler counts a thread that "
-            "waits for a core as active, so a thread's samples are its running and its waiting "
-            "time together: the shares above are of both, and the ms are /proc's CPU split in "
-            "those shares.",
+            "waits for a core as active, so a thread's samples come to about its running and its "
+            "waiting time together: the shares above are of both, and the ms are /proc's CPU "
+            "split in those shares.",
         ]
     return (
         "\n".join(lines)
