@@ -18,7 +18,8 @@ import statistics
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-# 4 since 8cff2a0's record (loadtests/results/2026-11-26.json) found int8's best plan at 8 rows at
+# 4 since 8cff2a0's record (its loadtests/results/2026-11-26.json, in git history: a later run
+# of the same date replaced it) found int8's best plan at 8 rows at
 # both ends of its run, and fp32's at its start, then the bottom of the sweep.
 ROW_COUNTS = (4, 8, 16, 32, 64, 128)
 # 256 since 086d694's record (loadtests/results/2026-11-25.json) found fp32's best plan at its
