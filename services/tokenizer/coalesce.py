@@ -23,6 +23,7 @@ import numpy as np
 
 from serving.batching import Pending, TokenQueue, deliver, fail
 from serving.batching.queue import clock
+from serving.protocol import MAX_SEQUENCES
 
 
 @dataclass(frozen=True)
@@ -62,7 +63,9 @@ class Coalescer:
 
     def _flush(self) -> None:
         while self._inflight < self.max_inflight and self.queue:
-            batch = self.queue.take(self.max_tokens)
+            # A runner takes at most MAX_SEQUENCES sequences a call: short texts under a large
+            # token budget could come to more.
+            batch = self.queue.take(self.max_tokens, MAX_SEQUENCES)
             if not batch:
                 return
             self._inflight += 1

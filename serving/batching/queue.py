@@ -82,12 +82,19 @@ class TokenQueue:
         self.recorder.queue_depth(self.admission.waiting)
         return pending
 
-    def take(self, max_tokens: int) -> list[Pending]:
-        """The next round, FIFO, under ``max_tokens`` real tokens; each taken entry counts as started."""
+    def take(self, max_tokens: int, max_rows: int | None = None) -> list[Pending]:
+        """The next round, FIFO, under ``max_tokens`` real tokens and ``max_rows`` sequences (a
+        larger lone request still goes); each taken entry counts as started."""
         now = clock()
         taken: list[Pending] = []
-        tokens = 0
-        while self._items and (not taken or tokens + self._items[0].tokens <= max_tokens):
+        tokens = rows = 0
+        while self._items and (
+            not taken
+            or (
+                tokens + self._items[0].tokens <= max_tokens
+                and (max_rows is None or rows + len(self._items[0].sequences) <= max_rows)
+            )
+        ):
             pending = self._items.popleft()
             if pending.future.done():  # its caller has gone (cancelled): no work for nobody
                 self.admission.cancelled(pending.tokens)
@@ -100,6 +107,7 @@ class TokenQueue:
             self.recorder.queued(pending.timing.queue_s)
             taken.append(pending)
             tokens += pending.tokens
+            rows += len(pending.sequences)
         self.recorder.queue_depth(self.admission.waiting)
         return taken
 

@@ -176,3 +176,22 @@ def test_the_runner_is_given_what_is_left_of_the_tightest_deadline() -> None:
     assert 4.9 < first_budget <= 5.0  # sent at once: nearly the whole budget
     # The merged call went out after waiting ~0.2 s for the first: that wait is not granted again.
     assert merged_budget <= first_budget - 0.15
+
+
+def test_a_call_never_carries_more_sequences_than_a_runner_takes() -> None:
+    """Short texts under a large token budget: the call stops at the runner's MAX_SEQUENCES."""
+    from serving.protocol import MAX_SEQUENCES
+
+    runner = FakeRunner()
+
+    async def main():
+        coalescer = coalescer_for(runner, max_inflight=1, max_tokens=10 * MAX_SEQUENCES)
+        first = asyncio.ensure_future(coalescer.embed([[1, 2]]))  # out at once, alone
+        await asyncio.sleep(0)
+        waiting = [coalescer.embed([[i, i]] * 100) for i in range(3 * MAX_SEQUENCES // 100)]
+        await asyncio.gather(first, *waiting)
+
+    asyncio.run(main())
+    assert max(runner.calls) <= MAX_SEQUENCES
+    assert sum(runner.calls) == 1 + 100 * (3 * MAX_SEQUENCES // 100)
+    assert len(runner.calls) >= 4  # three runner-fulls of rows, after the lone first
