@@ -165,6 +165,7 @@ class Batcher:
             self._task = None
         await asyncio.gather(*self._calls, return_exceptions=True)  # calls placed: answered
         self.queue.fail_all("runner is shutting down")
+        self.recorder.flush()  # what the last calls observed, not left to a timer
 
     # -- the loop -------------------------------------------------------------------------
 

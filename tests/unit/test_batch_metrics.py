@@ -3,6 +3,7 @@ series looked up at the first observation and kept, not looked up per observatio
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable
 
 import pytest
@@ -72,3 +73,71 @@ def test_the_labelled_series_is_looked_up_at_the_first_observation_only(
         recorder.engine_call(rows=3, padded=30, real=27, seconds=0.01)
     assert looked_up == [{"runner": "unit_runner", "model": "once"}]
     assert added(before, "once")["bundle_batch_rows_count"] == 5
+
+
+def samples(series) -> dict[tuple[str, str], float]:
+    """A histogram series' samples but ``_created``, by name and bucket bound."""
+    return {
+        (s.name, s.labels.get("le", "")): s.value for s in series._samples() if s.name != "_created"
+    }
+
+
+def observed(histogram, values_: list[float]) -> dict[tuple[str, str], float]:
+    """What a fresh series of ``histogram``'s kind shows after ``observe`` of each value."""
+    from prometheus_client import CollectorRegistry, Histogram
+
+    reference = Histogram(
+        "reference", "d", ["k"], buckets=histogram._kwargs["buckets"], registry=CollectorRegistry()
+    ).labels(k="v")
+    for value in values_:
+        reference.observe(value)
+    return samples(reference)
+
+
+def test_on_an_event_loop_observations_are_written_together_as_observe_would_write_them() -> None:
+    """The tally writes what ``Histogram.observe`` would: the same buckets (values on a bound
+    included), count and sum; and only once ``FLUSH_S`` has passed, not per observation."""
+    from serving.batching.metrics import BATCH_ROWS, ENGINE_SECONDS, FLUSH_S
+
+    recorder = Recorder("unit_runner", "tallied")
+    rows = [1, 2, 3, 4, 5, 64, 100, 300, 4, 4]  # on bounds, between, beyond the last
+    seconds = [0.0005, 0.0007, 0.01, 3.0, 0.0001, 0.25, 0.25, 0.02, 0.5, 1e-6]
+    series = {
+        h: h.labels(runner="unit_runner", model="tallied") for h in (BATCH_ROWS, ENGINE_SECONDS)
+    }
+    before = {h: samples(s) for h, s in series.items()}
+
+    async def observe_then_wait() -> tuple[dict, dict]:
+        for r, s in zip(rows, seconds, strict=True):
+            recorder.engine_call(rows=r, padded=10 * r, real=9 * r, seconds=s)
+        unwritten = {h: samples(s) for h, s in series.items()}
+        await asyncio.sleep(FLUSH_S + 0.2)
+        return unwritten, {h: samples(s) for h, s in series.items()}
+
+    unwritten, written = asyncio.run(observe_then_wait())
+    assert unwritten == before
+    for histogram, values_ in ((BATCH_ROWS, rows), (ENGINE_SECONDS, seconds)):
+        delta = {k: v - before[histogram][k] for k, v in written[histogram].items()}
+        expected = observed(histogram, values_)
+        assert delta.keys() == expected.keys()
+        assert delta == pytest.approx(expected)
+
+
+def test_a_flush_writes_what_is_pending_and_the_latest_queue_depth() -> None:
+    recorder = Recorder("unit_runner", "flushed")
+    before = values("flushed")
+
+    async def observe() -> float:
+        recorder.engine_call(rows=3, padded=30, real=27, seconds=0.01)
+        recorder.queue_depth(50)
+        recorder.queue_depth(20)
+        pending = added(before, "flushed")["bundle_batch_rows_sum"]
+        recorder.flush()  # as a batcher's close does
+        return pending
+
+    assert asyncio.run(observe()) == 0
+    assert added(before, "flushed")["bundle_batch_rows_sum"] == 3
+    depth = REGISTRY.get_sample_value(
+        "bundle_queued_tokens", {"runner": "unit_runner", "model": "flushed"}
+    )
+    assert depth == 20
