@@ -14,8 +14,8 @@ import sentencepiece
 
 from models import corpus, store
 from serving import contracts
-from serving.batching.metrics import FLUSH_S
 from serving.features import cosine, load_tokenizer, pad, tokenize
+from serving.tallies import FLUSH_S
 
 KNOWN = ("A man is eating food.", "A man is eating a piece of bread.")
 MIXED = [

@@ -16,6 +16,7 @@ import gc
 import json
 import pickle
 import sys
+import time
 import warnings
 import weakref
 from http import HTTPStatus
@@ -35,6 +36,7 @@ from serving.errors import ApiError, QueueFull, replies_on_error
 from serving.hot_path import HotPath, HotPathService
 from serving.replies import reply
 from serving.settings import ServiceSettings
+from serving.tallies import FLUSH_S
 
 ROUTES = [
     "/model", "/reply", "/refused", "/shed", "/crash", "/missing", "/forbidden", "/unavailable",
@@ -234,6 +236,7 @@ def answers(service: HotPathService) -> dict[str, Any]:
             resp = client.post(path, content=data, headers={"content-type": media, "x-agent": "t"})
             headers = sorted((k, v) for k, v in resp.headers.multi_items() if k != "date")
             out.append([resp.status_code, resp.content.decode(), headers])
+        time.sleep(2 * FLUSH_S)  # the lean path writes its request metrics a moment later
         metrics = client.get("/metrics").text
     return {
         "answers": out,

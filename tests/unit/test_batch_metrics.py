@@ -97,7 +97,8 @@ def observed(histogram, values_: list[float]) -> dict[tuple[str, str], float]:
 def test_on_an_event_loop_observations_are_written_together_as_observe_would_write_them() -> None:
     """The tally writes what ``Histogram.observe`` would: the same buckets (values on a bound
     included), count and sum; and only once ``FLUSH_S`` has passed, not per observation."""
-    from serving.batching.metrics import BATCH_ROWS, ENGINE_SECONDS, FLUSH_S
+    from serving.batching.metrics import BATCH_ROWS, ENGINE_SECONDS
+    from serving.tallies import FLUSH_S
 
     recorder = Recorder("unit_runner", "tallied")
     rows = [1, 2, 3, 4, 5, 64, 100, 300, 4, 4]  # on bounds, between, beyond the last
