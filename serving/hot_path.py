@@ -11,7 +11,8 @@ that machinery was most of the tokenizer's CPU (loadtests/README.md measures bot
 routes a service keeps out of tracing (``ServiceSettings.trace_requests`` off, the default) — its
 APIs, and the fixed POST routes of Starlette apps mounted in it (OpenAI's ``/v1/embeddings``).
 What it keeps is what BentoML's layers do for such a request, mostly with BentoML's own objects:
-- the request metrics (the metric objects BentoML's middleware made: the same series) and the
+- the request metrics (the metric objects BentoML's middleware made: the same series, measured
+  from the request's arrival and written with others a moment later, serving/tallies.py) and the
   access log when it is on (a copy of BentoML's middleware), from the request's arrival;
 - the traffic timeout, from arrival to the first byte sent (504, BentoML's body), as one timer
   instead of a task per request;
@@ -64,7 +65,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from serving.error_bodies import ConformingErrors
-from serving.tallies import Flushes, HistogramTally
+from serving.tallies import Flushes, HistogramTally, flush_all
 
 Scope = dict[str, Any]
 ASGIApp = Callable[[Scope, Any, Any], Awaitable[None]]
@@ -94,7 +95,7 @@ class HotPath:
                 await route(scope, receive, send)
                 return
         elif scope["type"] == "lifespan":
-            send = _frozen_at_startup(send)
+            send = _flushed_at_shutdown(_frozen_at_startup(send))
         await self.app(scope, receive, send)
 
     def routes(self) -> dict[str, ASGIApp]:
@@ -156,13 +157,15 @@ class HotPath:
             clone.app = app
             return clone
 
+        arrivals = _Arrivals(metrics) if metrics is not None else None
+
         def recorded(app: ASGIApp, path: str) -> ASGIApp:
             """What BentoML's outer layers record of a request: its access log line, its metrics."""
             if access is not None:
                 logged = copy.copy(access)
                 logged.app = app
                 app = logged
-            return _Metrics(metrics, path, app) if metrics is not None else app
+            return _Metrics(metrics, path, app, arrivals) if metrics is not None else app
 
         routes: dict[str, ASGIApp] = {}
         for name, method in self.service.apis.items():
@@ -325,15 +328,41 @@ class _Api:
         return response
 
 
+class _Arrivals:
+    """BentoML's last-request time of a service, shared by its hot routes (one series): the latest
+    arrival on any of them, written a moment later (serving/tallies.py)."""
+
+    def __init__(self, middleware: Any) -> None:
+        from bentoml._internal.context import server_context as context
+
+        self.gauge = middleware.metrics_last_request_timestamp.labels(
+            service_name=context.bento_name,
+            service_version=context.bento_version,
+            runner_name=context.service_name,
+        )
+        self.at: float | None = None  # not yet written
+        self.flushes = Flushes(self._write)
+
+    def arrived(self) -> None:
+        self.at = time.time()  # as the gauge's set_to_current_time
+        self.flushes.soon()
+
+    def _write(self) -> None:
+        if self.at is not None:
+            self.gauge.set(self.at)
+            self.at = None
+
+
 class _Metrics:
     """BentoML's request metrics for one hot route: the metric objects its middleware created
     (the same series), with their labelled children looked up once instead of per request, and
     each request's observations written with others a moment later (serving/tallies.py)."""
 
-    def __init__(self, middleware: Any, path: str, app: ASGIApp) -> None:
+    def __init__(self, middleware: Any, path: str, app: ASGIApp, arrivals: _Arrivals) -> None:
         from bentoml._internal.context import server_context as context
 
         self.app = app
+        self.arrivals = arrivals
         labels = {
             "endpoint": path,
             "service_name": context.bento_name,
@@ -347,21 +376,15 @@ class _Metrics:
             **labels, http_response_code=status
         )
         self.in_progress = middleware.metrics_request_in_progress.labels(**labels)
-        self.last_request = middleware.metrics_last_request_timestamp.labels(
-            service_name=context.bento_name,
-            service_version=context.bento_version,
-            runner_name=context.service_name,
-        )
         # Written in bulk a moment later (serving/tallies.py): six writes to the multiprocess
         # files a request were a real share of a one-sentence request's CPU.
         self.by_status: dict[int, tuple[Any, HistogramTally]] = {}
         self.answered: dict[int, int] = {}  # by status, not yet written
         self.live = self.live_written = 0  # requests in progress: now, and as last written
-        self.last_at: float | None = None  # the latest arrival, not yet written
         self.flushes = Flushes(self._write)
 
     async def __call__(self, scope: Scope, receive: Any, send: Any) -> None:
-        self.last_at = time.time()  # as set_to_current_time
+        self.arrivals.arrived()
         started = default_timer()
         status = 0
 
@@ -389,9 +412,6 @@ class _Metrics:
             self.flushes.soon()
 
     def _write(self) -> None:
-        if self.last_at is not None:
-            self.last_request.set(self.last_at)
-            self.last_at = None
         if self.live != self.live_written:
             self.in_progress.inc(self.live - self.live_written)
             self.live_written = self.live
@@ -511,6 +531,18 @@ def _frozen_at_startup(send: Any) -> Any:
             gc.collect()  # a cycle frozen unreachable would never be freed
             gc.freeze()
             gc.set_threshold(YOUNG_COLLECTION_THRESHOLD, *gc.get_threshold()[1:])
+        await send(message)
+
+    return sent
+
+
+def _flushed_at_shutdown(send: Any) -> Any:
+    """The lifespan's ``send``, which, when the app says its shutdown is complete, makes the
+    metric writes still pending (serving/tallies.py): the last requests' are not lost."""
+
+    async def sent(message: dict[str, Any]) -> None:
+        if message["type"] == "lifespan.shutdown.complete":
+            flush_all()
         await send(message)
 
     return sent

@@ -3,25 +3,39 @@
 ``bentoml serve`` runs prometheus_client in multiprocess mode: every ``inc``, ``set`` and each of
 the two values a histogram ``observe`` touches is a write to a shared file, taking a lock and
 checking the PID (a ``getpid`` system call). On the hot path that was a real share of a request's
-CPU: the ONNX runner's batch metrics alone ~9 % of its main thread at 64 users (make ab, 0.129 ->
-0.117 ms a chat request). A tally adds up observations in memory; ``Flushes`` writes them once,
-``FLUSH_S`` after the first one since the last write, on the event loop that made them (at once
-where no loop runs). A scrape sees a value at most that much later; Prometheus scrapes every
-15 s or so.
+CPU: with the ONNX runner's batch metrics not written at all, its main thread took 0.117 ms a chat
+request at 64 users against 0.129 (``python -m loadtests.ab HEAD --users 64 --rounds 6``, six
+rounds, medians; the same figures with these tallies). A tally adds up observations in memory;
+``Flushes`` writes them once, ``FLUSH_S`` after the first one since the last write, on the event
+loop that made them, and every pending write is made when the service shuts down
+(``flush_all``, called at the ASGI lifespan's shutdown by serving/hot_path.py). A scrape sees a
+value up to ``FLUSH_S`` late; the compose stack's Prometheus scrapes every 5 s.
 
-``HistogramTally`` writes what ``Histogram.observe`` would have (the same buckets, count and sum),
-into prometheus_client 0.26's own fields (the version is pinned in pyproject.toml):
-tests/unit/test_batch_metrics.py pins the result to ``observe``'s.
+Single-threaded by design: every observation and every flush happens on the service's event loop
+thread (the batcher records after its engine call has come back to the loop).
+
+``HistogramTally`` writes what ``Histogram.observe`` would have (the same buckets and count; the
+sum, added in another order, to rounding), into prometheus_client 0.26's own fields (the version
+is pinned in pyproject.toml): tests/unit/test_batch_metrics.py pins the result to ``observe``'s.
 """
 
 from __future__ import annotations
 
 import asyncio
+import weakref
 from bisect import bisect_left
 from collections.abc import Callable
 from typing import Any
 
 FLUSH_S = 0.25
+
+_EVERY: weakref.WeakSet[Flushes] = weakref.WeakSet()
+
+
+def flush_all() -> None:
+    """Make every pending write now (the process is about to stop)."""
+    for flushes in list(_EVERY):
+        flushes.now()
 
 
 class HistogramTally:
@@ -29,7 +43,7 @@ class HistogramTally:
 
     prometheus_client keeps a series as ``_sum`` and one value per bucket, ``_buckets[i]``
     counting the observations whose first upper bound at or above them is ``_upper_bounds[i]``
-    (cumulated at exposition); a flush writes each touched bucket once."""
+    (cumulated at exposition); a flush writes each touched bucket once, and the sum."""
 
     __slots__ = ("bounds", "counts", "series", "total")
 
@@ -40,7 +54,8 @@ class HistogramTally:
         self.total = 0.0
 
     def add(self, value: float) -> None:
-        self.counts[bisect_left(self.bounds, value)] += 1
+        if value == value:  # not NaN: observe adds a NaN to the sum and to no bucket
+            self.counts[bisect_left(self.bounds, value)] += 1
         self.total += value
 
     def flush(self) -> None:
@@ -55,25 +70,30 @@ class HistogramTally:
 
 
 class Flushes:
-    """Calls ``write`` ``FLUSH_S`` after the first ``soon`` since the last write; at once when
-    no event loop is running (a tool, a test)."""
+    """Calls ``write`` ``FLUSH_S`` after the first ``soon`` since the last write, on the running
+    event loop; at once when no loop is running (a tool, a test)."""
 
     def __init__(self, write: Callable[[], None]) -> None:
         self._write = write
         self._pending: asyncio.TimerHandle | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        _EVERY.add(self)
 
     def soon(self) -> None:
-        if self._pending is not None:
-            return
         try:
             loop = asyncio.get_running_loop()
         except RuntimeError:
-            self._write()
+            self.now()
             return
+        if self._pending is not None:
+            if self._loop is loop:
+                return
+            self.now()  # scheduled on a loop that has gone (a test's, a closed one): write it
+        self._loop = loop
         self._pending = loop.call_later(FLUSH_S, self.now)
 
     def now(self) -> None:
-        """Write what is pending (a batcher's close; the timer)."""
+        """Write what is pending (the timer; a batcher's close; shutdown)."""
         if self._pending is not None:
             self._pending.cancel()
             self._pending = None

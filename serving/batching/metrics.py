@@ -74,7 +74,7 @@ class Recorder(NullRecorder):
     Each metric's child for those labels is looked up at its first observation and kept:
     ``labels()`` formats the values and takes a lock on every call (to return the same child
     each time). Observations are tallied and written together a moment later (serving/tallies.py:
-    a runner observes five histograms an engine call)."""
+    a runner observes four histograms an engine call and one a request)."""
 
     _TALLIES = ("_rows", "_padded", "_efficiency", "_engine", "_queue")
 

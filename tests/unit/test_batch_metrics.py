@@ -9,7 +9,7 @@ from collections.abc import Callable
 import pytest
 from prometheus_client import REGISTRY
 
-from serving.batching.metrics import BATCH_ROWS, Recorder
+from serving.batching.metrics import BATCH_ROWS, ENGINE_SECONDS, Recorder
 
 SERIES = (
     "bundle_batch_rows_count",
@@ -97,12 +97,11 @@ def observed(histogram, values_: list[float]) -> dict[tuple[str, str], float]:
 def test_on_an_event_loop_observations_are_written_together_as_observe_would_write_them() -> None:
     """The tally writes what ``Histogram.observe`` would: the same buckets (values on a bound
     included), count and sum; and only once ``FLUSH_S`` has passed, not per observation."""
-    from serving.batching.metrics import BATCH_ROWS, ENGINE_SECONDS
     from serving.tallies import FLUSH_S
 
     recorder = Recorder("unit_runner", "tallied")
     rows = [1, 2, 3, 4, 5, 64, 100, 300, 4, 4]  # on bounds, between, beyond the last
-    seconds = [0.0005, 0.0007, 0.01, 3.0, 0.0001, 0.25, 0.25, 0.02, 0.5, 1e-6]
+    seconds = [0.0005, 0.0007, 0.01, 3.0, 0.0001, 0.25, 0.25, 0.02, 0.5, -1.0]  # on bounds, below
     series = {
         h: h.labels(runner="unit_runner", model="tallied") for h in (BATCH_ROWS, ENGINE_SECONDS)
     }
@@ -142,3 +141,79 @@ def test_a_flush_writes_what_is_pending_and_the_latest_queue_depth() -> None:
         "bundle_queued_tokens", {"runner": "unit_runner", "model": "flushed"}
     )
     assert depth == 20
+
+
+def test_a_nan_counts_in_the_sum_and_no_bucket_as_observe_does() -> None:
+    from serving.tallies import HistogramTally
+
+    series = ENGINE_SECONDS.labels(runner="unit_runner", model="nan")
+    before = samples(series)
+    tally = HistogramTally(series)
+    for value in (0.001, float("nan"), 0.3):
+        tally.add(value)
+    tally.flush()
+    after = samples(series)
+    expected = observed(ENGINE_SECONDS, [0.001, float("nan"), 0.3])
+    buckets = {k: after[k] - before[k] for k in after if k[0] == "_bucket"}
+    assert buckets == {k: v for k, v in expected.items() if k[0] == "_bucket"}
+    assert after[("_sum", "")] != after[("_sum", "")]  # NaN, as observe leaves it
+
+
+def test_a_write_pending_on_a_loop_that_has_gone_is_made_by_the_next_observation() -> None:
+    """A flush scheduled on an event loop that closed before it fired (a test's, a TestClient's)
+    is written by the next observation, on another loop or none, not left pending for ever."""
+    recorder = Recorder("unit_runner", "gone")
+    before = values("gone")
+
+    async def observe() -> None:
+        recorder.engine_call(rows=2, padded=20, real=20, seconds=0.01)
+
+    asyncio.run(observe())  # closes its loop with the flush still scheduled
+    assert added(before, "gone")["bundle_batch_rows_sum"] == 0
+    recorder.engine_call(rows=3, padded=30, real=30, seconds=0.01)  # no loop: written at once
+    assert added(before, "gone")["bundle_batch_rows_sum"] == 5
+    asyncio.run(observe())
+    assert added(before, "gone")["bundle_batch_rows_sum"] == 5
+    asyncio.run(observe())  # finds the last loop's write pending: makes it, with its own
+    assert added(before, "gone")["bundle_batch_rows_sum"] == 9
+
+
+def test_flush_all_makes_every_pending_write() -> None:
+    """What the lean path calls at the lifespan's shutdown: nothing observed is lost at exit."""
+    from serving.tallies import flush_all
+
+    recorder = Recorder("unit_runner", "exit")
+    before = values("exit")
+
+    async def observe_then_stop() -> float:
+        recorder.engine_call(rows=4, padded=40, real=40, seconds=0.01)
+        recorder.queued(0.2)
+        pending = added(before, "exit")["bundle_queue_seconds_count"]
+        flush_all()
+        return pending
+
+    assert asyncio.run(observe_then_stop()) == 0
+    assert added(before, "exit")["bundle_queue_seconds_count"] == 1
+    assert added(before, "exit")["bundle_batch_rows_sum"] == 4
+
+
+def test_the_lean_path_makes_the_pending_writes_when_the_lifespan_shuts_down() -> None:
+    from serving.hot_path import _flushed_at_shutdown
+
+    recorder = Recorder("unit_runner", "lifespan")
+    before = values("lifespan")
+    sent: list[str] = []
+
+    async def send(message: dict) -> None:
+        sent.append(message["type"])
+
+    async def serve_then_shut_down() -> list[float]:
+        lifespan_send = _flushed_at_shutdown(send)
+        recorder.engine_call(rows=6, padded=60, real=60, seconds=0.01)
+        await lifespan_send({"type": "lifespan.startup.complete"})
+        pending = added(before, "lifespan")["bundle_batch_rows_sum"]
+        await lifespan_send({"type": "lifespan.shutdown.complete"})
+        return [pending, added(before, "lifespan")["bundle_batch_rows_sum"]]
+
+    assert asyncio.run(serve_then_shut_down()) == [0, 6]
+    assert sent == ["lifespan.startup.complete", "lifespan.shutdown.complete"]
