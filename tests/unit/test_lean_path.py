@@ -121,3 +121,24 @@ def test_every_service_answers_its_hot_routes_on_the_lean_path(target: str) -> N
 def test_traced_routes_take_bentoml_s_own_path(target: str) -> None:
     prefix, _ = SERVICES[target]
     assert lean_routes(target, {f"{prefix}TRACE_REQUESTS": "true"}) == []
+
+
+@pytest.mark.parametrize(
+    "added",
+    [
+        [(b"x-queue-time", b"1.00"), (b"x-inference-time", b"2.00")],  # new names: appended
+        [(b"content-type", b"text/plain"), (b"x-a", b"1")],  # a name already there: replaced
+        [(b"x-a", b"1"), (b"x-a", b"2")],  # a name twice: the last one, as update leaves it
+        [],
+    ],
+)
+def test_headers_are_added_as_starlettes_update_adds_them(added) -> None:
+    from starlette.datastructures import Headers
+    from starlette.responses import Response
+
+    from serving.hot_path import _add_headers
+
+    ours, theirs = (Response(b"{}", media_type="application/json") for _ in range(2))
+    _add_headers(ours, added)
+    theirs.headers.update(Headers(raw=added))
+    assert sorted(ours.raw_headers) == sorted(theirs.raw_headers)
