@@ -22,6 +22,7 @@ is pinned in pyproject.toml): tests/unit/test_batch_metrics.py pins the result t
 from __future__ import annotations
 
 import asyncio
+import logging
 import weakref
 from bisect import bisect_left
 from collections.abc import Callable
@@ -29,13 +30,19 @@ from typing import Any
 
 FLUSH_S = 0.25
 
+logger = logging.getLogger(__name__)
+
 _EVERY: weakref.WeakSet[Flushes] = weakref.WeakSet()
 
 
 def flush_all() -> None:
-    """Make every pending write now (the process is about to stop)."""
+    """Make every pending write now (the process is about to stop); one that fails is logged,
+    and the others are still made."""
     for flushes in list(_EVERY):
-        flushes.now()
+        try:
+            flushes.now()
+        except Exception:
+            logger.exception("writing pending metrics at shutdown")
 
 
 class HistogramTally:

@@ -123,22 +123,30 @@ def test_traced_routes_take_bentoml_s_own_path(target: str) -> None:
     assert lean_routes(target, {f"{prefix}TRACE_REQUESTS": "true"}) == []
 
 
+def _raw(pairs: list[tuple[bytes, bytes]]):
+    from starlette.datastructures import MutableHeaders
+
+    return MutableHeaders(raw=list(pairs))
+
+
 @pytest.mark.parametrize(
     "added",
     [
-        [(b"x-queue-time", b"1.00"), (b"x-inference-time", b"2.00")],  # new names: appended
-        [(b"content-type", b"text/plain"), (b"x-a", b"1")],  # a name already there: replaced
-        [(b"x-a", b"1"), (b"x-a", b"2")],  # a name twice: the last one, as update leaves it
-        [],
+        _raw([(b"x-queue-time", b"1.00"), (b"x-inference-time", b"2.00")]),  # new: appended
+        _raw([(b"content-type", b"text/plain"), (b"x-a", b"1")]),  # one already there: replaced
+        _raw([(b"x-a", b"1"), (b"x-a", b"2")]),  # a name twice: the last, as update leaves it
+        _raw([(b"Content-Type", b"text/plain")]),  # a name not lower-case (raw built by hand)
+        _raw([(b"X-B", b"1"), (b"x-b", b"2")]),
+        {"X-Total-Time": "3.00", "content-length": "2"},  # an API that set ctx's headers to a dict
+        _raw([]),
     ],
 )
 def test_headers_are_added_as_starlettes_update_adds_them(added) -> None:
-    from starlette.datastructures import Headers
     from starlette.responses import Response
 
     from serving.hot_path import _add_headers
 
     ours, theirs = (Response(b"{}", media_type="application/json") for _ in range(2))
     _add_headers(ours, added)
-    theirs.headers.update(Headers(raw=added))
-    assert sorted(ours.raw_headers) == sorted(theirs.raw_headers)
+    theirs.headers.update(added)
+    assert ours.raw_headers == theirs.raw_headers  # names, values and order
