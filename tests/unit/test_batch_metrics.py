@@ -123,22 +123,37 @@ def test_on_an_event_loop_observations_are_written_together_as_observe_would_wri
         assert delta == pytest.approx(expected)
 
 
-def test_a_flush_writes_what_is_pending_and_the_latest_queue_depth() -> None:
-    recorder = Recorder("unit_runner", "flushed")
-    before = values("flushed")
+def _recorder_flush(recorder: Recorder) -> None:
+    recorder.flush()  # as a batcher's close does
 
-    async def observe() -> float:
+
+def _flush_all(recorder: Recorder) -> None:
+    from serving.tallies import flush_all
+
+    flush_all()  # as the lean path does at the lifespan's shutdown
+
+
+@pytest.mark.parametrize("flush", [_recorder_flush, _flush_all])
+def test_a_flush_writes_what_is_pending_and_the_latest_queue_depth(flush) -> None:
+    """Nothing observed is lost when a batcher closes or the process stops."""
+    model = f"flushed{flush.__name__}"
+    recorder = Recorder("unit_runner", model)
+    before = values(model)
+
+    async def observe_then_flush() -> dict[str, float]:
         recorder.engine_call(rows=3, padded=30, real=27, seconds=0.01)
+        recorder.queued(0.2)
         recorder.queue_depth(50)
         recorder.queue_depth(20)
-        pending = added(before, "flushed")["bundle_batch_rows_sum"]
-        recorder.flush()  # as a batcher's close does
+        pending = added(before, model)
+        flush(recorder)
         return pending
 
-    assert asyncio.run(observe()) == 0
-    assert added(before, "flushed")["bundle_batch_rows_sum"] == 3
+    assert set(asyncio.run(observe_then_flush()).values()) == {0}
+    written = added(before, model)
+    assert (written["bundle_batch_rows_sum"], written["bundle_queue_seconds_count"]) == (3, 1)
     depth = REGISTRY.get_sample_value(
-        "bundle_queued_tokens", {"runner": "unit_runner", "model": "flushed"}
+        "bundle_queued_tokens", {"runner": "unit_runner", "model": model}
     )
     assert depth == 20
 
@@ -176,25 +191,6 @@ def test_a_write_pending_on_a_loop_that_has_gone_is_made_by_the_next_observation
     assert added(before, "gone")["bundle_batch_rows_sum"] == 5
     asyncio.run(observe())  # finds the last loop's write pending: makes it, with its own
     assert added(before, "gone")["bundle_batch_rows_sum"] == 9
-
-
-def test_flush_all_makes_every_pending_write() -> None:
-    """What the lean path calls at the lifespan's shutdown: nothing observed is lost at exit."""
-    from serving.tallies import flush_all
-
-    recorder = Recorder("unit_runner", "exit")
-    before = values("exit")
-
-    async def observe_then_stop() -> float:
-        recorder.engine_call(rows=4, padded=40, real=40, seconds=0.01)
-        recorder.queued(0.2)
-        pending = added(before, "exit")["bundle_queue_seconds_count"]
-        flush_all()
-        return pending
-
-    assert asyncio.run(observe_then_stop()) == 0
-    assert added(before, "exit")["bundle_queue_seconds_count"] == 1
-    assert added(before, "exit")["bundle_batch_rows_sum"] == 4
 
 
 @pytest.mark.parametrize("ending", ["lifespan.shutdown.complete", "lifespan.shutdown.failed"])
