@@ -150,3 +150,73 @@ def test_headers_are_added_as_starlettes_update_adds_them(added) -> None:
     _add_headers(ours, added)
     theirs.headers.update(added)
     assert ours.raw_headers == theirs.raw_headers  # names, values and order
+
+
+def test_the_in_progress_gauge_counts_a_request_while_it_runs() -> None:
+    """BentoML's request metrics on the lean path, written a moment later: the in-progress gauge
+    reads 1 while a request runs and 0 once it is answered; the count and the duration with it."""
+    import asyncio
+    from types import SimpleNamespace
+
+    from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+    from serving.hot_path import _Arrivals, _Metrics
+    from serving.tallies import FLUSH_S
+
+    # The series BentoML's HTTPTrafficMetricsMiddleware makes, in a registry of this test's own.
+    registry, service = CollectorRegistry(), ["service_name", "service_version", "runner_name"]
+    labelled = ["endpoint", *service]
+    middleware = SimpleNamespace(
+        metrics_request_total=Counter(
+            "t_total", "", [*labelled, "http_response_code"], registry=registry
+        ),
+        metrics_request_duration=Histogram(
+            "t_seconds", "", [*labelled, "http_response_code"], registry=registry
+        ),
+        metrics_request_in_progress=Gauge("t_in_progress", "", labelled, registry=registry),
+        metrics_last_request_timestamp=Gauge("t_last", "", service, registry=registry),
+    )
+
+    def value(name: str, **labels: str) -> float:
+        samples = [
+            s.value
+            for metric in registry.collect()
+            for s in metric.samples
+            if s.name == name and labels.items() <= s.labels.items()
+        ]
+        return sum(samples)
+
+    async def scenario() -> list[tuple[float, float, float]]:
+        release = asyncio.Event()
+
+        async def app(scope: dict, receive: object, send) -> None:
+            await release.wait()
+            await send({"type": "http.response.start", "status": 200, "headers": []})
+            await send({"type": "http.response.body", "body": b"{}"})
+
+        async def send(message: dict) -> None:
+            pass
+
+        metrics = _Metrics(middleware, "/embed", app, _Arrivals(middleware))
+        seen = []
+
+        def read() -> None:
+            seen.append(
+                (
+                    value("t_in_progress", endpoint="/embed"),
+                    value("t_total", endpoint="/embed", http_response_code="200"),
+                    value("t_seconds_count", endpoint="/embed", http_response_code="200"),
+                )
+            )
+
+        request = asyncio.create_task(metrics({"type": "http"}, None, send))
+        await asyncio.sleep(2 * FLUSH_S)
+        read()  # running
+        release.set()
+        await request
+        await asyncio.sleep(2 * FLUSH_S)
+        read()  # answered
+        return seen
+
+    assert asyncio.run(scenario()) == [(1.0, 0.0, 0.0), (0.0, 1.0, 1.0)]
+    assert value("t_last") > 0  # the arrival's time, written too
