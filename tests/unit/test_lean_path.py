@@ -153,8 +153,9 @@ def test_headers_are_added_as_starlettes_update_adds_them(added) -> None:
 
 
 def test_the_in_progress_gauge_counts_a_request_while_it_runs() -> None:
-    """BentoML's request metrics on the lean path, written a moment later: the in-progress gauge
-    reads 1 while a request runs and 0 once it is answered; the count and the duration with it."""
+    """BentoML's request metrics on the lean path, written a moment later (FLUSH_S): the
+    in-progress gauge reads 1 while a request runs and 0 once it is answered; the count and the
+    duration with it."""
     import asyncio
     from types import SimpleNamespace
 
@@ -163,7 +164,8 @@ def test_the_in_progress_gauge_counts_a_request_while_it_runs() -> None:
     from serving.hot_path import _Arrivals, _Metrics
     from serving.tallies import FLUSH_S
 
-    # The series BentoML's HTTPTrafficMetricsMiddleware makes, in a registry of this test's own.
+    # The series BentoML's RunnerTrafficMetricsMiddleware makes (the lean path reads its metric
+    # objects), as plain prometheus_client ones in a registry of this test's own.
     registry, service = CollectorRegistry(), ["service_name", "service_version", "runner_name"]
     labelled = ["endpoint", *service]
     middleware = SimpleNamespace(
@@ -210,13 +212,15 @@ def test_the_in_progress_gauge_counts_a_request_while_it_runs() -> None:
             )
 
         request = asyncio.create_task(metrics({"type": "http"}, None, send))
-        await asyncio.sleep(2 * FLUSH_S)
-        read()  # running
+        await asyncio.sleep(0)
+        read()  # running, not yet written
+        await asyncio.sleep(3 * FLUSH_S)
+        read()  # running, written
         release.set()
         await request
-        await asyncio.sleep(2 * FLUSH_S)
+        await asyncio.sleep(3 * FLUSH_S)
         read()  # answered
         return seen
 
-    assert asyncio.run(scenario()) == [(1.0, 0.0, 0.0), (0.0, 1.0, 1.0)]
+    assert asyncio.run(scenario()) == [(0.0, 0.0, 0.0), (1.0, 0.0, 0.0), (0.0, 1.0, 1.0)]
     assert value("t_last") > 0  # the arrival's time, written too
