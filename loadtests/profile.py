@@ -44,19 +44,22 @@ BEGIN, END = "<!-- profile:begin -->", "<!-- profile:end -->"
 FULL_SECONDS = 30
 PROCESSES = ("tokenizer", "onnx_runner")
 
+ASYNC = "asyncio and threads (futures, locks, queues, hand-offs)"
+
 # Python lines that call into an extension, by (file suffix, function): the sample is the
 # extension's work. Checked on every frame before the file rules below.
 _CALLS: tuple[tuple[str, str, str], ...] = (
     ("serving/features.py", "tokenize", "tokenizing (tokenizers, Rust)"),
     ("serving/features.py", "pad", "padding (NumPy)"),
     ("serving/replies.py", "dumps", "JSON"),  # orjson, in C
+    # a lane thread between calls: SimpleQueue's get, call_soon_threadsafe (both in C)
+    ("serving/batching/batcher.py", "_serve", ASYNC),
 )
 # A sample whose leaf is the loop's own entry point is time in uvloop's C code (the sockets'
 # reads and writes, the callbacks' scheduling): no Python frame of its own to name it by.
 LOOP = "event loop (uvloop's C: sockets, callbacks)"
 _LOOP_LEAVES = ("run_forever", "run_until_complete", "Runner.run", "run")
 _LOOP_FILES = re.compile(r"(^|/)asyncio/(runners|base_events)\.py$")
-ASYNC = "asyncio and threads (futures, locks, queues, hand-offs)"
 # (pattern on a frame's file, category), the first match from the leaf wins.
 _FILES: tuple[tuple[str, str], ...] = (
     (r"onnxruntime/", "engine (ONNX Runtime)"),

@@ -267,6 +267,97 @@ def test_lanes_run_calls_at_once_and_a_lone_call_runs_solo() -> None:
     assert len(narrow.seen) >= 6  # the backlog on the lanes
 
 
+def test_lanes_run_work_on_their_own_threads_and_answer_on_the_loop() -> None:
+    """A lane runs the work on one of its ``count`` threads, never the event loop's, and hands the
+    result (or what the work raised) back as a callback on the loop's thread."""
+    from serving.batching import Lanes
+
+    async def main():
+        lanes = Lanes(2, "test-engine")
+        answers: asyncio.Queue = asyncio.Queue()
+        ran_on: list[str] = []
+
+        def work(k: int) -> int:
+            ran_on.append(threading.current_thread().name)
+            time.sleep(0.01)
+            if k == 3:
+                raise ValueError("engine broke")
+            return k * 10
+
+        def then(result, error) -> None:
+            answers.put_nowait(
+                (result, error, threading.current_thread() is threading.main_thread())
+            )
+
+        for k in range(6):
+            lanes.run(lambda k=k: work(k), then)
+        # bounded: an answer that never reaches the loop fails the test instead of hanging it
+        got = [await asyncio.wait_for(answers.get(), 5) for _ in range(6)]
+        threads = list(lanes._threads)
+        lanes.close()
+        return got, ran_on, threads
+
+    got, ran_on, threads = run(main())
+    assert sorted(r for r, e, _ in got if e is None) == [0, 10, 20, 40, 50]
+    assert [type(e) for r, e, _ in got if e is not None] == [ValueError]
+    assert all(on_loop for _, _, on_loop in got)  # answered on the loop's thread
+    assert set(ran_on) <= {"test-engine_0", "test-engine_1"} and len(ran_on) == 6
+    assert len(threads) == 2 and not any(t.is_alive() for t in threads)  # close() ended them
+
+
+def test_an_idle_lane_keeps_nothing_of_its_last_call() -> None:
+    """Once a batcher has closed (an evicted model's), nothing of it stays reachable from the
+    shared lanes' threads: not the batcher, its engine, nor its last call's requests and rows."""
+    import gc
+    import weakref
+
+    from serving.batching import Lanes
+
+    async def main():
+        lanes = Lanes(1)
+        engine = FakeEngine()
+        batcher = Batcher(engine, Policy(), lanes=lanes)
+        rows, _ = await batcher.submit([[3, 4]])
+        batcher.close_when_idle()
+        await asyncio.wait_for(batcher._task, 5)
+        gone = weakref.ref(batcher), weakref.ref(engine), weakref.ref(rows)
+        del batcher, engine, rows
+        await asyncio.sleep(0.05)  # the lane thread is back waiting for work
+        gc.collect()
+        alive = [ref() is not None for ref in gone]
+        lanes.close()
+        return alive
+
+    assert run(main()) == [False, False, False]
+
+
+def test_a_lane_thread_that_cannot_start_fails_the_call_and_frees_its_slots(monkeypatch) -> None:
+    """If no lane thread can start (a process out of threads), the call's requests get the error
+    at once, its slots and admitted tokens are given back and close() returns; once threads can
+    start again, the batcher serves."""
+    from serving.batching import Lanes
+
+    started = threading.Thread.start
+
+    def refuse(thread: threading.Thread) -> None:
+        raise RuntimeError("can't start new thread")
+
+    async def main():
+        batcher = Batcher(FakeEngine(), Policy(), lanes=Lanes(2))
+        monkeypatch.setattr(threading.Thread, "start", refuse)
+        with pytest.raises(RuntimeError, match="can't start new thread"):
+            await asyncio.wait_for(batcher.submit([[5, 6]]), 5)
+        held, running = batcher.lanes.held, batcher.admission.running
+        monkeypatch.setattr(threading.Thread, "start", started)
+        rows, _ = await asyncio.wait_for(batcher.submit([[7, 8]]), 5)
+        await asyncio.wait_for(batcher.close(), 5)
+        return held, running, rows
+
+    held, running, rows = run(main())
+    assert (held, running) == (0, 0)
+    assert rows[0, :2].tolist() == [15, 2]
+
+
 def test_one_lane_keeps_one_call_in_line_and_drops_it_if_its_caller_goes() -> None:
     """While a lane works, one more call waits in line (no gap between calls); a call in line
     whose requests have all gone is skipped before it costs engine time."""

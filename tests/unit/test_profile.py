@@ -44,6 +44,11 @@ def test_a_call_into_an_extension_counts_as_the_extension() -> None:
     assert categorize(frames(rust)) == "tokenizing (tokenizers, Rust)"
     lane = "_bootstrap (threading.py:1002);run (serving/lanes.py:50);run (onnxruntime/capi/onnxruntime_inference_collection.py:220)"
     assert categorize(frames(lane)) == "engine (ONNX Runtime)"
+    # a lane thread between calls: waiting in SimpleQueue.get, or handing a result to the loop
+    idle = "_bootstrap (threading.py:1002);run (threading.py:975);_serve (serving/batching/batcher.py:130)"
+    assert categorize(frames(idle)) == ASYNC
+    compute = f"{idle};_compute (serving/batching/batcher.py:330)"  # the call's own checks
+    assert categorize(frames(compute)) == "batching (serving/batching)"
 
 
 def test_samples_are_split_by_thread_and_counted() -> None:
