@@ -322,9 +322,12 @@ def test_an_idle_lane_keeps_nothing_of_its_last_call() -> None:
         await asyncio.wait_for(batcher._task, 5)
         gone = weakref.ref(batcher), weakref.ref(engine), weakref.ref(rows)
         del batcher, engine, rows
-        await asyncio.sleep(0.05)  # the lane thread is back waiting for work
-        gc.collect()
-        alive = [ref() is not None for ref in gone]
+        for _ in range(100):  # until the lane thread is back waiting for work (bounded: 5 s)
+            await asyncio.sleep(0.05)
+            gc.collect()
+            alive = [ref() is not None for ref in gone]
+            if not any(alive):
+                break
         lanes.close()
         return alive
 
