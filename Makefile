@@ -97,8 +97,8 @@ bench: models wrk ## Side-by-side benchmark, interleaved repeats, CPU per reques
 	BENCH_MODEL_STORE=$(MIXED_STORE) $(PY) -m loadtests.bench
 
 BASE ?= HEAD
-ab: models wrk ## This checkout's graph against BASE's (a git rev; HEAD: the uncommitted edits), chat at 1 and 64 users, interleaved (not recorded)
-	$(PY) -m loadtests.ab $(BASE)
+ab: models wrk ## This checkout's graph against BASE's (a git rev; HEAD: the uncommitted edits), at 1 and 64 users, interleaved (not recorded); WORKLOADS=chat,bulk adds bulk
+	$(PY) -m loadtests.ab $(BASE) --workloads $(or $(WORKLOADS),chat)
 
 profile: models wrk ## Where a chat request's CPU goes in the tokenizer and the ONNX runner (py-spy under load); records loadtests/results/profiles
 	$(PY) -m loadtests.profile

@@ -55,13 +55,23 @@ def sample(point: points.Point) -> Sample:
 
 
 def summary(base: list[Sample], head: list[Sample]) -> list[tuple[str, float, float, float]]:
-    """(figure, base median, head median, head/base) for every field of Sample."""
+    """(figure, base, head, head/base) for every field of Sample: medians over the rounds, but
+    ``not_ok`` summed, so a point that shed in one round of several still shows."""
     rows = []
     for name in Sample.__dataclass_fields__:
-        b = statistics.median(getattr(s, name) for s in base)
-        h = statistics.median(getattr(s, name) for s in head)
+        over = sum if name == "not_ok" else statistics.median
+        b = over(getattr(s, name) for s in base)
+        h = over(getattr(s, name) for s in head)
         rows.append((name, b, h, h / b if b else float("nan")))
     return rows
+
+
+def drained(servers: dict[str, Server]) -> None:
+    """Before a point, every server has worked off its backlog (``points.drain``); raise, naming
+    it, for one that has not (stuck or gone): its points would measure that, not the change."""
+    for name, server in servers.items():
+        if not points.drain(server.url):
+            raise RuntimeError(f"{name} did not work off its queue (or stopped):\n{server.tail()}")
 
 
 def serve(tree: Path, name: str) -> Server:
@@ -85,8 +95,10 @@ def main(argv: list[str] | None = None) -> int:
         "--workloads", default="chat", help=f"comma-separated, of {', '.join(points.WORKLOADS)}"
     )
     args = parser.parse_args(argv)
-    users = [int(u) for u in args.users.split(",")]
-    workloads = args.workloads.split(",")
+    if args.rounds < 1:
+        parser.error("--rounds must be at least 1")
+    users = list(dict.fromkeys(int(u) for u in args.users.split(",")))  # each count once
+    workloads = list(dict.fromkeys(args.workloads.split(",")))
     unknown = set(workloads) - set(points.WORKLOADS)
     if unknown:
         parser.error(f"unknown workloads {sorted(unknown)}: choose from {list(points.WORKLOADS)}")
@@ -126,8 +138,7 @@ def main(argv: list[str] | None = None) -> int:
                         # speed it measured last: after chat's small calls a burst of 64 bulk
                         # requests is shed as late. make bench's bulk points follow bulk points.
                         loadgen.run(server.url, "/embed", bodies[w], 16, 5)
-                    for other in servers.values():  # no backlog left to take the cores
-                        points.drain(other.url)
+                    drained(servers)  # no backlog left to take the cores
                     s = sample(points.point(server, name, w, u, seconds))
                     samples[(name, w, u)].append(s)
                     print(
@@ -138,7 +149,10 @@ def main(argv: list[str] | None = None) -> int:
                         flush=True,
                     )
     for w, u in cases:
-        print(f"\n{w}, {u} users, medians of {args.rounds} rounds: base {rev}, head {HEAD}")
+        print(
+            f"\n{w}, {u} users, medians of {args.rounds} rounds (not_ok: their sum): "
+            f"base {rev}, head {HEAD}"
+        )
         print(f"{'figure':<16} {'base':>9} {'head':>9} {'head/base':>9}")
         for name, b, h, ratio in summary(samples[(rev, w, u)], samples[(HEAD, w, u)]):
             print(f"{name:<16} {b:9.3f} {h:9.3f} {ratio:9.3f}")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from loadtests import ab
 from loadtests.ab import Sample, sample, summary
 from loadtests.points import Point
 
@@ -31,7 +32,7 @@ def test_summary_is_medians_and_their_ratio() -> None:
     assert rows["sentences_per_s"] == (100, 125, 1.25)
     assert rows["p50_ms"] == (4.5, 3.8, pytest.approx(3.8 / 4.5))
     assert rows["tokenizer_ms"] == (1.0, 0.8, pytest.approx(0.8))
-    assert rows["not_ok"][:2] == (0, 2)
+    assert rows["not_ok"][:2] == (3, 6)  # summed: a round that shed is not hidden by a median
 
 
 def _point(failures: int = 0, shed: int = 0) -> Point:
@@ -52,3 +53,29 @@ def test_a_sample_is_read_from_make_bench_s_point() -> None:
 def test_failed_and_shed_requests_are_counted_not_dropped() -> None:
     # A change that sheds load is a result to compare, so the point is kept with its count.
     assert sample(_point(failures=1, shed=2)).not_ok == 3
+
+
+class _Server:
+    def __init__(self, url: str) -> None:
+        self.url = url
+
+    def tail(self) -> str:
+        return f"log of {self.url}"
+
+
+def test_a_server_that_does_not_drain_stops_the_comparison(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    asked: list[str] = []
+
+    def drain(url: str) -> bool:
+        asked.append(url)
+        return url != "http://head"
+
+    monkeypatch.setattr(ab.points, "drain", drain)
+    servers = {"base": _Server("http://base"), "head": _Server("http://head")}
+    with pytest.raises(RuntimeError, match="head did not work off its queue"):
+        ab.drained(servers)  # type: ignore[arg-type]
+    assert asked == ["http://base", "http://head"]
+    monkeypatch.setattr(ab.points, "drain", lambda url: True)
+    ab.drained(servers)  # type: ignore[arg-type]
