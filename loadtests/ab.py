@@ -2,14 +2,15 @@
 
 Each commit is served from its own tree (the base from a git worktree under build/ab, removed
 after; the other is this checkout as it is, uncommitted edits included) with ``bentoml serve .``,
-both at once. Chat points with wrk at each user count, interleaved: every round measures both
-trees at every count, the order reversed every other round, so a machine that slows down mid-run
-slows both. ``--workloads chat,bulk`` adds bulk points (32 sentences a request, run 3x as long, as
-``make bench`` runs them). Prints each round, then medians over the rounds of throughput, p50 and CPU per
-request from /proc (the tokenizer process, the ONNX runner's main thread, its engine threads),
-with head/base ratios. Each point is ``make bench``'s own (``points.point``, its request bodies
-rewritten under build/bench/bodies), so the two are not run at once. The venv is this checkout's:
-a dependency change is not compared.
+both at once. Points with wrk at each workload and user count, interleaved: every round measures
+both trees at every count, the order reversed every other round, so a machine that slows down
+mid-run slows both. Chat by default; ``--workloads chat,bulk`` adds bulk points (32 sentences a
+request, run 3x as long, as ``make bench`` runs them). Prints each round, then medians over the
+rounds of throughput, p50 and CPU per request from /proc (the tokenizer process, the ONNX
+runner's main thread, its engine threads) and the sum of requests failed or shed, with head/base
+ratios. Each point is ``make bench``'s own (``points.point``, its request bodies rewritten under
+build/bench/bodies), so the two are not run at once. The venv is this checkout's: a dependency
+change is not compared.
 Not recorded: ``make bench`` records; this answers "did this change help" in a few minutes.
 """
 
@@ -136,7 +137,9 @@ def main(argv: list[str] | None = None) -> int:
                     if w == "bulk":
                         # The runner's admission predicts each request's wait from the engine
                         # speed it measured last: after chat's small calls a burst of 64 bulk
-                        # requests is shed as late. make bench's bulk points follow bulk points.
+                        # requests was shed as late (make bench's bulk points follow bulk
+                        # points). The warm makes that rarer, not impossible: ~40 of a point's
+                        # requests were still shed in some rounds, in both trees.
                         loadgen.run(server.url, "/embed", bodies[w], 16, 5)
                     drained(servers)  # no backlog left to take the cores
                     s = sample(points.point(server, name, w, u, seconds))
