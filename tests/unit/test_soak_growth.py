@@ -1,7 +1,11 @@
 """How the soak judges growth: per process, after warm-up, the last third of the samples against
-the first third; a restart counts as unbounded."""
+the first third; a restart counts as unbounded. Sockets are counted apart and judged at rest."""
 
 from __future__ import annotations
+
+import os
+import socket
+import tempfile
 
 from loadtests import soak
 
@@ -36,3 +40,33 @@ def test_a_process_that_restarts_is_unbounded_growth() -> None:
     restarted = series([(100, 10), (100, 10)]) + series([(100, 10)], start=40, key="2 w")
     grown = soak.growth(restarted, warmup_s=20)
     assert grown["1 w"]["rss_mb"] == float("inf") and grown["2 w"]["fds"] == float("inf")
+
+
+def test_sockets_are_counted_apart_from_other_descriptors() -> None:
+    sockets, other = soak.descriptors(os.getpid())
+    a, b = socket.socketpair()
+    with tempfile.TemporaryFile() as fh:
+        assert soak.descriptors(os.getpid()) == (sockets + 2, other + 1)
+        fh.write(b"x")
+    a.close()
+    b.close()
+    assert soak.descriptors(os.getpid()) == (sockets, other)
+
+
+def test_a_socket_more_at_rest_than_the_slack_is_growth() -> None:
+    before = {"1 tokenizer": 6, "2 tenant_runner": 6}
+    assert soak.socket_growth(
+        before, {"1 tokenizer": 6 + soak.SOCKET_SLACK, "2 tenant_runner": 5}
+    ) == {
+        "1 tokenizer": 0.0,
+        "2 tenant_runner": 0.0,
+    }
+    leaked = soak.socket_growth(
+        before, {"1 tokenizer": 6 + soak.SOCKET_SLACK + 3, "2 tenant_runner": 6}
+    )
+    assert leaked == {"1 tokenizer": 3.0, "2 tenant_runner": 0.0}
+
+
+def test_a_process_restarted_between_the_counts_at_rest_is_unbounded() -> None:
+    grown = soak.socket_growth({"1 w": 6}, {"3 w": 6})
+    assert grown == {"1 w": float("inf"), "3 w": float("inf")}
