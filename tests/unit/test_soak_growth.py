@@ -3,11 +3,18 @@ the first third; a restart counts as unbounded. Sockets are counted apart and ju
 
 from __future__ import annotations
 
+import asyncio
 import os
 import socket
+import subprocess
+import sys
 import tempfile
+from pathlib import Path
+
+import psutil
 
 from loadtests import soak
+from loadtests.processes import Server
 
 
 def series(values: list[tuple[float, int]], start: int = 20, key: str = "1 w") -> list[dict]:
@@ -48,6 +55,9 @@ def test_sockets_are_counted_apart_from_other_descriptors() -> None:
     with tempfile.TemporaryFile() as fh:
         assert soak.descriptors(os.getpid()) == (sockets + 2, other + 1)
         fh.write(b"x")
+        # the sample reports the same split: sockets apart, not among the judged descriptors
+        (figures,) = soak.sample([psutil.Process()]).values()
+        assert (figures["sockets"], figures["fds"]) == (sockets + 2, other + 1)
     a.close()
     b.close()
     assert soak.descriptors(os.getpid()) == (sockets, other)
@@ -70,3 +80,37 @@ def test_a_socket_more_at_rest_than_the_slack_is_growth() -> None:
 def test_a_process_restarted_between_the_counts_at_rest_is_unbounded() -> None:
     grown = soak.socket_growth({"1 w": 6}, {"3 w": 6})
     assert grown == {"1 w": float("inf"), "3 w": float("inf")}
+
+
+# A process that opens a socket every 0.2 s and keeps it, or one that holds three still; each says
+# "ready" once its first sockets are open, so a slow start is not counted as rest.
+LEAKING = (
+    "import socket, time\nheld = [socket.socket()]\nprint('ready', flush=True)\n"
+    "while True:\n    held.append(socket.socket()); time.sleep(0.2)"
+)
+STILL = (
+    "import socket, time\nheld = [socket.socket() for _ in range(3)]\n"
+    "print('ready', flush=True)\ntime.sleep(60)"
+)
+
+
+def counted_at_rest(code: str, tmp_path: Path, timeout_s: float) -> tuple[dict[str, int], bool]:
+    server = Server([sys.executable, "-c", code], port=0, log=tmp_path / "log")
+    server.proc = subprocess.Popen(server.argv, stdout=subprocess.PIPE, text=True)
+    try:
+        assert server.proc.stdout is not None and server.proc.stdout.readline() == "ready\n"
+        return asyncio.run(soak.at_rest(server, wait_s=0, timeout_s=timeout_s))
+    finally:
+        server.stop(grace_s=5)
+        assert server.proc.poll() is not None
+
+
+def test_sockets_that_hold_still_are_counted_at_rest(tmp_path: Path) -> None:
+    counts, settled = counted_at_rest(STILL, tmp_path, timeout_s=20)
+    assert settled and list(counts.values()) == [3], counts
+
+
+def test_sockets_that_keep_changing_do_not_settle_and_say_so(tmp_path: Path) -> None:
+    counts, settled = counted_at_rest(LEAKING, tmp_path, timeout_s=3)
+    (held,) = counts.values()
+    assert not settled and held > 1, counts
