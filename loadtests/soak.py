@@ -195,7 +195,8 @@ def processes(server: Server | None) -> list[psutil.Process]:
 
 
 def descriptors(pid: int) -> tuple[int, int]:
-    """(sockets, every other open descriptor) of a process, from /proc (psutil counts only all)."""
+    """(sockets, every other open descriptor) of a process, from /proc (psutil's ``num_fds``
+    counts them together)."""
     sockets = other = 0
     for fd in os.listdir(f"/proc/{pid}/fd"):
         try:
