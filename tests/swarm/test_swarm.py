@@ -36,6 +36,8 @@ LOGS = ROOT / "build" / "test-logs"
 PAIR = ["A man is eating food.", "A man is eating a piece of bread."]
 THREADS = 4  # the load's clients: at most this many requests are in flight at any moment
 TENANT = demo.tenant(7)
+STACK_PREFIX = "bundle-swarm-"  # every stack this test deploys: bundle-swarm-<6 hex>
+STORE_LABEL = "bento-bundle.tenant-store"  # the node label the compose file's placement reads
 
 # Trains a tenant through the front door (once the stack answers), then asks each endpoint once:
 # the answers every request under load is compared with.
@@ -177,21 +179,89 @@ def load(swarm: Swarm, seconds: float) -> str:
     )  # fmt: skip
 
 
+def left_behind() -> list[str] | None:
+    """The stacks of a swarm that an earlier run of this test made and never left, or None where
+    the engine's swarm is not one of those.
+
+    A run killed before its teardown (a CI job stopped mid-test) leaves the engine in its swarm,
+    and the engine's data root keeps the swarm across restarts (`make test-swarm` starts dockerd
+    on the same data root each time): the next run finds a swarm, and dockerd has started the old
+    stack again. Such a swarm is recognised by what this test makes: one node, carrying the
+    tenant-store label, and no service outside stacks named ``bundle-swarm-*``."""
+    # An engine that has just started on such a data root elects its one manager first: until
+    # then the node commands fail ("the swarm does not have a leader").
+    deadline = time.monotonic() + 60
+    while (nodes := docker("node", "ls", "-q", check=False).split()) == []:
+        assert time.monotonic() < deadline, "the swarm this engine is in has no manager answering"
+        time.sleep(2)
+    label = docker(
+        "node", "inspect", "self", "--format", f'{{{{index .Spec.Labels "{STORE_LABEL}"}}}}'
+    )
+    stacks = docker("stack", "ls", "--format", "{{.Name}}").split()
+    services = docker("service", "ls", "--format", "{{.Name}}").split()
+    ours = len(nodes) == 1 and label == "true"
+    ours = ours and all(name.startswith(STACK_PREFIX) for name in stacks)
+    ours = ours and all(any(s.startswith(f"{st}_") for st in stacks) for s in services)
+    return stacks if ours else None
+
+
+def remove_stack(stack: str, clients: list[str]) -> None:
+    """Remove the stack and its client containers, and wait for the stack's containers to go."""
+    save_logs(stack)
+    for cid in list(clients):
+        docker("rm", "-f", cid, check=False)
+    docker("stack", "rm", stack, check=False)
+    deadline = time.monotonic() + 120  # the tasks stop, then their networks can go
+    label = f"label=com.docker.stack.namespace={stack}"
+    while docker("ps", "-aq", "--filter", label) and time.monotonic() < deadline:
+        time.sleep(2)
+    for volume in docker("volume", "ls", "-q", "--filter", f"name={stack}_").split():
+        docker("volume", "rm", volume, check=False)
+    docker("image", "rm", f"bento-bundle/tokenizer:rollout-{stack}", check=False)
+
+
+def leave_swarm(had_gwbridge: bool) -> None:
+    """The engine leaves the swarm, and Swarm's gateway bridge goes unless it was there before."""
+    docker("swarm", "leave", "--force", check=False)
+    if not had_gwbridge:
+        docker("network", "rm", "docker_gwbridge", check=False)
+
+
+def take_down_left_behind() -> None:
+    """Where the engine is in a swarm an earlier run of this test left (``left_behind``), its
+    stacks, their client containers (on the stack's network, not labelled) and the swarm go, as
+    that run's teardown would have taken them."""
+    if docker("info", "--format", "{{.Swarm.LocalNodeState}}") != "active":
+        return
+    stacks = left_behind()
+    if stacks is None:
+        return  # not ours: the fixture says so
+    print(f"taking down the swarm an earlier run left, stacks: {stacks}")
+    for stack in stacks:
+        network = f"network={stack}_internal"
+        remove_stack(stack, docker("ps", "-aq", "--filter", network, check=False).split())
+    leave_swarm(had_gwbridge=False)
+    for stack in stacks:
+        assert not leftovers(stack), leftovers(stack)
+
+
 @pytest.fixture(scope="module")
 def swarm() -> Iterator[Swarm]:
+    take_down_left_behind()
     state = docker("info", "--format", "{{.Swarm.LocalNodeState}}")
     assert state == "inactive", (
-        f"this engine's swarm state is {state!r}: the test makes a swarm of its own and leaves it"
-        " after, so it needs an engine in no swarm"
+        f"this engine's swarm state is {state!r}, and it is not a swarm an earlier run of this"
+        " test left: the test makes a swarm of its own and leaves it after, so it needs an engine"
+        " in no swarm (`docker swarm leave --force` where this one is not needed)"
     )
-    swarm = Swarm(f"bundle-swarm-{uuid.uuid4().hex[:6]}", os.environ.get("IMAGE_TAG", "latest"))
+    swarm = Swarm(f"{STACK_PREFIX}{uuid.uuid4().hex[:6]}", os.environ.get("IMAGE_TAG", "latest"))
     had_gwbridge = bool(docker("network", "ls", "-q", "--filter", "name=^docker_gwbridge$"))
     # Swarm's control port on loopback only: this one node is the whole swarm.
     docker("swarm", "init", "--advertise-addr", "127.0.0.1", "--listen-addr", "127.0.0.1:2377")
     try:
         # The node that holds the tenant store (the compose file's placement constraint).
         node = docker("info", "--format", "{{.Swarm.NodeID}}")
-        docker("node", "update", "--label-add", "bento-bundle.tenant-store=true", node)
+        docker("node", "update", "--label-add", f"{STORE_LABEL}=true", node)
         started = time.monotonic()
         docker(
             "stack", "deploy", "--compose-file", str(COMPOSE), swarm.stack,
@@ -215,23 +285,9 @@ def swarm() -> Iterator[Swarm]:
         yield swarm
     finally:
         try:
-            save_logs(swarm.stack)
-            for cid in list(swarm.clients):
-                docker("rm", "-f", cid, check=False)
-            docker("stack", "rm", swarm.stack, check=False)
-            deadline = time.monotonic() + 120  # the tasks stop, then their networks can go
-            label = f"label=com.docker.stack.namespace={swarm.stack}"
-            while docker("ps", "-aq", "--filter", label) and time.monotonic() < deadline:
-                time.sleep(2)
-        finally:
-            # Whatever failed above, the engine leaves the swarm, and what Swarm made goes: its
-            # gateway bridge (unless it was there before), the stack's volumes, the image tag.
-            docker("swarm", "leave", "--force", check=False)
-            if not had_gwbridge:
-                docker("network", "rm", "docker_gwbridge", check=False)
-            for volume in docker("volume", "ls", "-q", "--filter", f"name={swarm.stack}_").split():
-                docker("volume", "rm", volume, check=False)
-            docker("image", "rm", f"bento-bundle/tokenizer:rollout-{swarm.stack}", check=False)
+            remove_stack(swarm.stack, swarm.clients)
+        finally:  # whatever failed above, the engine leaves the swarm
+            leave_swarm(had_gwbridge)
         found = leftovers(swarm.stack)
         if had_gwbridge:
             found.pop("docker_gwbridge", None)
