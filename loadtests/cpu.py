@@ -2,20 +2,29 @@
 
 For every process of a server (the server itself and its descendants, by PID) the CPU seconds of
 its main thread and of all its other threads. In a runner the main thread runs the event loop (HTTP,
-(de)serialisation, batching) and the other threads are the engine (the lanes' threads, which pad a
-call's rows and run it, and ONNX Runtime's or TensorFlow's intra-op threads), so "main" is
-everything but the engine; in the tokenizer service nearly all work is on the main thread.
+(de)serialisation, batching) and the other threads are the lanes' (which check, pad and hand back
+each call around the engine) and ONNX Runtime's or TensorFlow's own; in the tokenizer service
+nearly all work is on the main thread.
+
+Where a runner counts its engine's CPU (``bundle_engine_cpu_seconds``, serving/batching/metrics.py),
+its row also splits the process's CPU into ``engine_ms`` (inside the engine calls) and
+``serving_ms`` (everything else: the event loop and the lanes' work around the engine).
 """
 
 from __future__ import annotations
 
 import os
+import urllib.error
+import urllib.request
+from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
 
 import psutil
+from prometheus_client.parser import text_string_to_metric_families
 
 TICKS = os.sysconf("SC_CLK_TCK")
+ENGINE_CPU = "bundle_engine_cpu_seconds"  # the runners' counter of their engines' CPU
 
 
 @dataclass(frozen=True)
@@ -75,11 +84,40 @@ def snapshot(processes: list[psutil.Process]) -> dict[int, tuple[str, Usage]]:
     return out
 
 
+def engine_seconds(url: str) -> dict[str, float]:
+    """Engine CPU seconds so far of each runner (by its service name) that counts them, from the
+    server's ``/metrics``: under ``bentoml serve`` every service's workers write to one
+    multiprocess directory, so the front service's page has the runners' series too. Empty for a
+    server without the counter (the baselines). The runners write it up to 0.25 s late
+    (serving/tallies.py): read it once the load has stopped that long."""
+    try:
+        with urllib.request.urlopen(f"{url}/metrics", timeout=30) as resp:
+            return engine_seconds_in(resp.read().decode())
+    except urllib.error.HTTPError:  # a server with no /metrics
+        return {}
+
+
+def engine_seconds_in(exposition: str) -> dict[str, float]:
+    """``engine_seconds`` from a Prometheus text exposition: each runner's models added up."""
+    out: dict[str, float] = defaultdict(float)
+    for family in text_string_to_metric_families(exposition):
+        if family.name == ENGINE_CPU:
+            for sample in family.samples:
+                if sample.name == f"{ENGINE_CPU}_total":
+                    out[sample.labels["runner"]] += sample.value
+    return dict(out)
+
+
 def per_request(
-    before: dict[int, tuple[str, Usage]], after: dict[int, tuple[str, Usage]], requests: int
+    before: dict[int, tuple[str, Usage]],
+    after: dict[int, tuple[str, Usage]],
+    requests: int,
+    engine: tuple[dict[str, float], dict[str, float]] = ({}, {}),
 ) -> dict[str, dict[str, float]]:
     """CPU milliseconds per request of each process between two snapshots, main thread and other
-    threads apart. Processes with the same role (several workers) are added up."""
+    threads apart. Processes with the same role (several workers) are added up. ``engine``: the
+    runners' engine CPU seconds (``engine_seconds``) at the same two moments; a process whose role
+    counts it gains ``engine_ms`` and ``serving_ms``, the rest of its CPU."""
     out: dict[str, dict[str, float]] = {}
     for pid, (name, end) in after.items():
         if pid not in before or not requests:
@@ -91,4 +129,9 @@ def per_request(
         row["main_ms"] += main
         row["other_threads_ms"] += other
         row["total_ms"] += main + other
+    start_engine, end_engine = engine
+    for name, row in out.items():
+        if name in end_engine:
+            row["engine_ms"] = (end_engine[name] - start_engine.get(name, 0.0)) * 1000 / requests
+            row["serving_ms"] = row["total_ms"] - row["engine_ms"]
     return {name: {k: round(v, 4) for k, v in row.items()} for name, row in out.items()}

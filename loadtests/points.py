@@ -16,6 +16,7 @@ from pathlib import Path
 
 from loadtests import cpu, loadgen
 from loadtests.processes import ROOT, Server
+from serving.tallies import FLUSH_S
 
 OUT = Path(os.environ.get("BENCH_OUT", ROOT / "build" / "bench"))
 QUICK = os.environ.get("BENCH_QUICK", "") not in ("", "0")
@@ -97,6 +98,14 @@ def response_bytes(url: str, body_file: Path, samples: int = 20) -> float:
     return sum(sizes) / len(sizes)
 
 
+def measure(server: Server) -> tuple[dict[int, tuple[str, cpu.Usage]], dict[str, float]]:
+    """Every process's CPU and the runners' engine CPU, at one moment: once the runners have
+    written what their last engine calls counted (they write it FLUSH_S late, serving/tallies.py),
+    so that both cover the same calls."""
+    time.sleep(2 * FLUSH_S)
+    return cpu.snapshot([server.process(), *server.descendants()]), cpu.engine_seconds(server.url)
+
+
 def point(
     server: Server,
     system: str,
@@ -109,9 +118,9 @@ def point(
     restarted: list[str] | None = None,
 ) -> Point:
     path = "/classify" if workload == CLASSIFY else "/embed"
-    before = cpu.snapshot([server.process(), *server.descendants()])
+    before, engine_before = measure(server)
     load = loadgen.run(server.url, path, bodies(workload, backend, encoding), users, seconds)
-    after = cpu.snapshot([server.process(), *server.descendants()])
+    after, engine_after = measure(server)
     per_request = WORKLOADS.get(workload, 1)
     ok_per_s = load.ok / load.seconds
     return Point(
@@ -127,7 +136,7 @@ def point(
         failures=load.failed,
         shed=load.shed,
         loadgen_cpu_share=load.loadgen_cpu_s / (load.seconds * loadgen.cores()),
-        cpu_ms_per_request=cpu.per_request(before, after, load.ok),
+        cpu_ms_per_request=cpu.per_request(before, after, load.ok, (engine_before, engine_after)),
         encoding=encoding,
         restarted=list(restarted or []),
     )

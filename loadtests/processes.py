@@ -27,6 +27,9 @@ import psutil
 
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
+# What a server's own BentoML home (``own_home``) takes from the shared one: the model store, the
+# bento store, the default tenant store (runners/tenants/settings.py).
+SHARED_IN_HOME = ("models", "bentos", "tenants")
 
 
 _PR_SET_CHILD_SUBREAPER = 36  # linux/prctl.h
@@ -211,10 +214,31 @@ class Server:
         self.stop()
 
 
+def own_home(log: Path) -> dict[str, str]:
+    """``BENTOML_HOME`` for one ``bentoml serve``: a directory of its own beside its log, whose
+    model store, bentos and default tenant store are links to the shared home's
+    (``$BENTOML_HOME``, default ``~/bentoml``), so the server reads and writes what it did on the
+    shared home. Only its metrics are its own: ``bentoml serve`` empties
+    ``$BENTOML_HOME/prometheus_multiproc_dir`` as it starts, and every worker of every graph on
+    one home writes its metrics there, so a graph started beside another takes the other's metric
+    files away and that graph's ``/metrics`` loses its runners' series (the benchmark reads their
+    engine CPU there, cpu.py). A caller's own ``BENTOML_HOME`` in ``env`` wins."""
+    shared = Path(os.environ.get("BENTOML_HOME") or Path.home() / "bentoml")
+    home = log.with_suffix(".bentoml-home")
+    home.mkdir(parents=True, exist_ok=True)
+    for name in SHARED_IN_HOME:
+        (shared / name).mkdir(parents=True, exist_ok=True)
+        link = home / name
+        if not link.is_symlink():
+            link.symlink_to(shared / name, target_is_directory=True)
+    return {"BENTOML_HOME": str(home)}
+
+
 def bentoml_serve(
     target: str, log: Path, env: dict[str, str] | None = None, port: int | None = None
 ) -> Server:
-    """``bentoml serve TARGET`` on 127.0.0.1 (TARGET: '.' for the whole graph, or module:Class)."""
+    """``bentoml serve TARGET`` on 127.0.0.1 (TARGET: '.' for the whole graph, or module:Class),
+    with a BentoML home of its own (``own_home``)."""
     port = port or free_port()
     argv = [str(BIN / "bentoml"), "serve", target, "--host", "127.0.0.1", "--port", str(port)]
-    return Server(argv, port, log, env)
+    return Server(argv, port, log, {**own_home(log), **(env or {})})

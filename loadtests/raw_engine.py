@@ -23,8 +23,9 @@ from concurrent.futures import ThreadPoolExecutor
 # both ends of its run, and fp32's at its start, then the bottom of the sweep.
 ROW_COUNTS = (4, 8, 16, 32, 64, 128)
 # 256 since 086d694's record (loadtests/results/2026-11-25.json) found fp32's best plan at its
-# start and int8's overall at 512, then the bottom of the sweep.
-TOKEN_BUDGETS = (256, 512, 1024, 2048, 4096)
+# start and int8's overall at 512, then the bottom of the sweep; 128 since d3c38e5's record
+# (loadtests/results/2026-11-26.json) found fp32's best plan at its start at 256, the bottom.
+TOKEN_BUDGETS = (128, 256, 512, 1024, 2048, 4096)
 
 
 def sample(texts: list[str], limit: int | None) -> list[str]:

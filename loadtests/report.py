@@ -57,14 +57,15 @@ def backend_of(system: str) -> str:
 
 
 def _median_cpu(rows: list[dict[str, dict[str, float]]]) -> dict[str, dict[str, float]]:
+    """Each process's figures, the median over the repeats that measured it; a figure only some
+    repeats have (the engine split, where a runner's counter could not be read) is left out."""
     names = {name for row in rows for name in row}
-    return {
-        name: {
-            key: round(statistics.median(r[name][key] for r in rows if name in r), 4)
-            for key in ("total_ms", "main_ms", "other_threads_ms")
-        }
-        for name in sorted(names)
-    }
+    out = {}
+    for name in sorted(names):
+        measured = [r[name] for r in rows if name in r]
+        keys = [k for k in measured[0] if all(k in m for m in measured)]
+        out[name] = {k: round(statistics.median(m[k] for m in measured), 4) for k in keys}
+    return out
 
 
 def aggregate(points: list[Point]) -> list[dict]:
@@ -291,11 +292,15 @@ def _cpu_cell(row: dict) -> str:
 
 
 def _engine_and_serving(cpu: dict[str, dict[str, float]]) -> tuple[float, float]:
-    """CPU ms per request on the engine (the other threads of the process that runs it: a
-    runner's lanes and intra-op threads, a one-process server's worker threads) and on everything
-    else (every process's main thread: HTTP, JSON, tokenizing, batching, the hops)."""
+    """CPU ms per request on the engine and on everything else. The engine: inside the engine
+    calls where the process counts them (the stack's runners, ``engine_ms``), otherwise the other
+    threads of the process that runs it (a one-process server's worker threads, which pad and
+    batch too). Everything else: every process's main thread (HTTP, JSON, tokenizing, batching,
+    the hops) and a runner's lanes around its engine calls."""
     engine = sum(
-        v["other_threads_ms"] for name, v in cpu.items() if name not in ("tokenizer", "NaiveFront")
+        v.get("engine_ms", v["other_threads_ms"])
+        for name, v in cpu.items()
+        if name not in ("tokenizer", "NaiveFront")
     )
     total = sum(v["total_ms"] for v in cpu.values())
     return engine, total - engine
@@ -309,8 +314,10 @@ def where_time_goes(results: dict) -> list[str]:
     users = results["meta"]["middle"]
     lines = [
         "",
-        f"Where the CPU goes, per sentence at {users} users (ms; engine: the engine's threads; "
-        f"around it: every process's main thread — HTTP, JSON, tokenizing, batching, the hops; "
+        f"Where the CPU goes, per sentence at {users} users (ms; engine: inside the engine calls "
+        f"where the runner counts them (the stack's), else the engine's threads; around it: "
+        f"everything else — every process's main thread (HTTP, JSON, tokenizing, batching, the "
+        f"hops) and a runner's lanes around its engine calls; "
         f"{cores} cores, so {cores * 1000} ms of CPU a second; raw: the cores' time per sentence, "
         f"tokenizing and the engine in one process):",
         "",
@@ -402,8 +409,8 @@ def holds_back(results: dict) -> list[str]:
         fp32, int8 = (_per_sentence(results, s, "chat", middle) for s in (STACK, INT8))
         return (
             f"the engine itself is {raw['int8']['sentences_per_s'] / raw['fp32']['sentences_per_s']:.2f}x "
-            f"faster in int8 (raw); per request int8 spends {int8[0]:.2f} ms on the engine's "
-            f"threads against fp32's {fp32[0]:.2f}, and {int8[1]:.2f} ms around them against "
+            f"faster in int8 (raw); per request int8 spends {int8[0]:.2f} ms in the engine "
+            f"against fp32's {fp32[0]:.2f}, and {int8[1]:.2f} ms around it against "
             f"fp32's {fp32[1]:.2f}: what is around the engine does not shrink with it"
         )
 
@@ -420,14 +427,24 @@ def holds_back(results: dict) -> list[str]:
             "between their event loops"
         )
 
-    def process_cpu(name: str) -> str:
+    def process_cpu(name: str, split: bool = False) -> str:
         v = at[(STACK, "chat", middle)]["cpu_ms_per_request"].get(name)
         if v is None:
             return f"no {name} process measured"
         said = (
-            f"{name}: {v['main_ms']:.3f} ms on its main thread (everything but the engine's "
-            f"threads), {v['other_threads_ms']:.3f} on its other threads"
+            f"{name}: {v['main_ms']:.3f} ms on its main thread, {v['other_threads_ms']:.3f} on "
+            "its other threads"
         )
+        if "engine_ms" in v:
+            said += (
+                f", of which {v['engine_ms']:.3f} inside the engine calls: "
+                f"{v['serving_ms']:.3f} outside the engine"
+            )
+        elif split:
+            said += (
+                " (how much of those threads' CPU is inside the engine calls was not measured:"
+                " this run's runner did not count its engine's CPU)"
+            )
         traced = {
             r["users"]: r
             for r in results.get("paths", {}).get("rows", [])
@@ -466,7 +483,7 @@ def holds_back(results: dict) -> list[str]:
         "int8_chat": int8_chat,
         "one_client": one_client,
         "tokenizer_cpu": lambda: process_cpu("tokenizer"),
-        "runner_cpu": lambda: process_cpu("onnx_runner"),
+        "runner_cpu": lambda: process_cpu("onnx_runner", split=True),
         "failures": failures,
         "loadgen": loadgen,
     }

@@ -37,7 +37,10 @@ def targets(
     failures = sum(r["failures"] + r["shed"] for r in stack_points)
     chat_cpu = _row(rows, STACK, "chat", middle)["cpu_ms_per_request"]
     tokenizer_ms = chat_cpu.get("tokenizer", {}).get("total_ms")
-    runner_ms = chat_cpu.get("onnx_runner", {}).get("main_ms")
+    # Everything the runner's process spends outside its engine calls: the event loop and the
+    # lanes' work around each call (cpu.py). A record made before the runner counted its engine's
+    # CPU has no such figure: not measured, so not met.
+    runner_ms = chat_cpu.get("onnx_runner", {}).get("serving_ms")
     one = min(users)
     stack_p50 = _row(rows, STACK, "chat", one)["p50_ms"]
     fastapi_p50 = _row(rows, FASTAPI, "chat", one)["p50_ms"]
@@ -102,7 +105,7 @@ def targets(
             "runner_cpu",
             f"onnx runner non-engine CPU <= {RUNNER_SERVING_MS} ms per chat request ({middle} users)",
             runner_ms is not None and runner_ms <= RUNNER_SERVING_MS,
-            f"{runner_ms} ms",
+            "not measured" if runner_ms is None else f"{runner_ms} ms",
         ),
         check(
             "loadgen",

@@ -23,6 +23,7 @@ import asyncio
 import contextlib
 import queue
 import threading
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import partial
@@ -300,7 +301,7 @@ class Batcher:
         call: _Call,
         started: float,
         held: int,
-        result: tuple[np.ndarray | None, float, float] | None,
+        result: tuple[np.ndarray | None, float, float, float] | None,
         error: BaseException | None,
     ) -> None:
         """On the event loop, once the call's lane has run it: answer its requests."""
@@ -313,7 +314,7 @@ class Batcher:
             fail(requests, error)
             return
         assert result is not None  # the lane returns _compute's tuple whenever it raised nothing
-        out, began, ended = result
+        out, began, ended, engine_cpu = result
         try:
             if out is None:  # every request of the call had gone, or its deadline passed in line
                 late = [r for r in requests if not r.future.done()]
@@ -323,7 +324,7 @@ class Batcher:
                 return
             self.admission.overlapped(call.real, began, ended)
             self.recorder.engine_call(
-                len(call.members), call.group.padded_tokens, call.real, ended - began
+                len(call.members), call.group.padded_tokens, call.real, ended - began, engine_cpu
             )
             done = clock()
             # A request answered by this call has run from the round's start until now; one with
@@ -335,12 +336,21 @@ class Batcher:
         except Exception as exc:  # a wrong answer from the engine (row count): fail, not hang
             fail(requests, exc)
 
-    def _compute(self, call: _Call, engine: Engine) -> tuple[np.ndarray | None, float, float]:
+    def _compute(
+        self, call: _Call, engine: Engine
+    ) -> tuple[np.ndarray | None, float, float, float]:
         """On a lane's thread: pad and run, unless every request of the call has gone or run out
-        of time meanwhile (a call may wait in line behind the running ones). Returns the rows and
-        when the call began and ended (``clock``)."""
+        of time meanwhile (a call may wait in line behind the running ones). Returns the rows,
+        when the call began and ended (``clock``), and this thread's CPU seconds inside the
+        engine: all of the engine's CPU where the engine runs on the calling thread (the ONNX
+        runner's one-thread sessions on its lanes), only the calling thread's share where it
+        has threads of its own (a solo session's pool, TensorFlow's). What the lane spends
+        around the engine (these checks, padding, the hand-off) is not in it: the benchmark
+        counts it as the runner's own CPU, beside the event loop's."""
         began = clock()
         if all(r.future.done() or began > r.deadline for r, _ in call.members):
-            return None, began, began
-        out = engine(pad([request.sequences[row] for request, row in call.members], self.pad_id))
-        return out, began, clock()
+            return None, began, began, 0.0
+        feeds = pad([request.sequences[row] for request, row in call.members], self.pad_id)
+        cpu = time.thread_time()
+        out = engine(feeds)
+        return out, began, clock(), time.thread_time() - cpu

@@ -45,6 +45,15 @@ ENGINE_SECONDS = bentoml.metrics.Histogram(
     labelnames=_LABELS,
     buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5),
 )
+# The engine's CPU, for the benchmark's split of a runner's CPU into engine and everything else
+# (loadtests/points.py): process CPU from /proc minus this is what the runner spends around the
+# engine. Measured on the lane's thread (batcher.py, ``_compute``), so a multi-threaded engine's
+# own threads are not in it, and count as the runner's.
+ENGINE_CPU_SECONDS = bentoml.metrics.Counter(
+    name="bundle_engine_cpu_seconds",
+    documentation="CPU seconds of the calling (lane) thread inside engine calls",
+    labelnames=_LABELS,
+)
 SHED = bentoml.metrics.Counter(
     name="bundle_shed_requests",
     documentation="Requests refused instead of queued (reason: queue_full, deadline)",
@@ -61,7 +70,9 @@ QUEUED_TOKENS = bentoml.metrics.Gauge(
 class NullRecorder:
     """Observes nothing: what a queue records to when no metrics are wanted (tests, tools)."""
 
-    def engine_call(self, rows: int, padded: int, real: int, seconds: float) -> None: ...
+    def engine_call(
+        self, rows: int, padded: int, real: int, seconds: float, cpu_seconds: float = 0.0
+    ) -> None: ...
     def queued(self, seconds: float) -> None: ...
     def shed(self, reason: str) -> None: ...
     def queue_depth(self, tokens: int) -> None: ...
@@ -81,6 +92,7 @@ class Recorder(NullRecorder):
     def __init__(self, runner: str, model: str) -> None:
         self.labels = {"runner": runner, "model": model}
         self._depth_now: int | None = None
+        self._engine_cpu = 0.0  # engine CPU seconds not yet written
         self._flushes = Flushes(self._write)
 
     @cached_property
@@ -107,7 +119,14 @@ class Recorder(NullRecorder):
     def _depth(self) -> Any:
         return QUEUED_TOKENS.labels(**self.labels)
 
-    def engine_call(self, rows: int, padded: int, real: int, seconds: float) -> None:
+    @cached_property
+    def _engine_cpu_series(self) -> Any:
+        return ENGINE_CPU_SECONDS.labels(**self.labels)
+
+    def engine_call(
+        self, rows: int, padded: int, real: int, seconds: float, cpu_seconds: float = 0.0
+    ) -> None:
+        self._engine_cpu += cpu_seconds
         self._rows.add(rows)
         self._padded.add(padded)
         self._efficiency.add(real / padded)
@@ -134,6 +153,9 @@ class Recorder(NullRecorder):
             tally = self.__dict__.get(name)  # a tally never observed has nothing to write
             if tally is not None:
                 tally.flush()
+        if self._engine_cpu:
+            self._engine_cpu_series.inc(self._engine_cpu)
+            self._engine_cpu = 0.0
         if self._depth_now is not None:
             self._depth.set(self._depth_now)
             self._depth_now = None

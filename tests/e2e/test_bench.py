@@ -188,6 +188,26 @@ def test_per_request_cpu_is_measured_for_every_server_process(results) -> None:
             assert cpu[name]["total_ms"] > 0, (row["system"], name, cpu[name])
 
 
+def test_the_stack_s_runner_splits_its_cpu_into_the_engine_and_the_rest(results) -> None:
+    """At every point, the ONNX runner's engine CPU, counted by its lanes and read from /metrics,
+    is a share of its other threads' CPU from /proc (the lanes' and the engine's own threads), and
+    everything else (serving_ms, what the runner's CPU target reads) is at least its event
+    loop's."""
+    data, _ = results
+    split = [p for p in data["points"] if p["system"] in ("stack", "stack, int8")]
+    assert split
+    for point in split:
+        runner = point["cpu_ms_per_request"]["onnx_runner"]
+        assert runner["engine_ms"] > 0, point
+        assert runner["engine_ms"] <= runner["other_threads_ms"] * 1.05, point
+        assert math.isclose(
+            runner["serving_ms"], runner["total_ms"] - runner["engine_ms"], abs_tol=2e-4
+        )
+        assert runner["serving_ms"] >= runner["main_ms"] - 0.05 * runner["total_ms"], point
+        # Only the runners count their engine's CPU: the tokenizer's figures are not split.
+        assert "engine_ms" not in point["cpu_ms_per_request"]["tokenizer"], point
+
+
 def test_plots_are_written(results) -> None:
     _, out = results
     for workload in ("chat", "bulk"):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 
 from loadtests import ab
@@ -11,14 +13,14 @@ from loadtests.points import Point
 
 def test_summary_is_medians_and_their_ratio() -> None:
     base = [
-        Sample(100, 4.0, 0.9, 0.6, 5.0, 0),
-        Sample(120, 5.0, 1.0, 0.7, 5.2, 0),
-        Sample(90, 4.5, 1.1, 0.8, 5.1, 3),
+        Sample(100, 4.0, 0.9, 0.6, 0.9, 5.0, 0),
+        Sample(120, 5.0, 1.0, 0.7, 1.0, 5.2, 0),
+        Sample(90, 4.5, 1.1, 0.8, 1.1, 5.1, 3),
     ]
     head = [
-        Sample(130, 3.5, 0.8, 0.6, 5.0, 0),
-        Sample(110, 3.9, 0.7, 0.5, 5.1, 2),
-        Sample(125, 3.8, 0.9, 0.7, 4.9, 4),
+        Sample(130, 3.5, 0.8, 0.6, 0.8, 5.0, 0),
+        Sample(110, 3.9, 0.7, 0.5, 0.6, 5.1, 2),
+        Sample(125, 3.8, 0.9, 0.7, 0.9, 4.9, 4),
     ]
     rows = {name: (b, h, ratio) for name, b, h, ratio in summary(base, head)}
     assert list(rows) == [
@@ -26,12 +28,14 @@ def test_summary_is_medians_and_their_ratio() -> None:
         "p50_ms",
         "tokenizer_ms",
         "runner_main_ms",
+        "runner_serving_ms",
         "engine_ms",
         "not_ok",
     ]
     assert rows["sentences_per_s"] == (100, 125, 1.25)
     assert rows["p50_ms"] == (4.5, 3.8, pytest.approx(3.8 / 4.5))
     assert rows["tokenizer_ms"] == (1.0, 0.8, pytest.approx(0.8))
+    assert rows["runner_serving_ms"] == (1.0, 0.8, pytest.approx(0.8))
     assert rows["not_ok"][:2] == (3, 6)  # summed: a round that shed is not hidden by a median
 
 
@@ -41,13 +45,23 @@ def _point(failures: int = 0, shed: int = 0) -> Point:
         p99_ms=180.0, requests=4800, failures=failures, shed=shed, loadgen_cpu_share=0.01,
         cpu_ms_per_request={
             "tokenizer": {"main_ms": 0.28, "other_threads_ms": 0.01, "total_ms": 0.29},
-            "onnx_runner": {"main_ms": 0.10, "other_threads_ms": 3.3, "total_ms": 3.4},
+            "onnx_runner": {"main_ms": 0.10, "other_threads_ms": 3.3, "total_ms": 3.4,
+                            "engine_ms": 3.25, "serving_ms": 0.15},
         },
     )  # fmt: skip
 
 
 def test_a_sample_is_read_from_make_bench_s_point() -> None:
-    assert sample(_point()) == Sample(480.0, 120.5, 0.29, 0.10, 3.3, 0)
+    assert sample(_point()) == Sample(480.0, 120.5, 0.29, 0.10, 0.15, 3.25, 0)
+
+
+def test_a_runner_that_does_not_split_its_cpu_gives_no_engine_figure() -> None:
+    # A base tree from before the runners counted their engine's CPU: not a figure of 0.
+    point = _point()
+    for key in ("engine_ms", "serving_ms"):
+        del point.cpu_ms_per_request["onnx_runner"][key]
+    s = sample(point)
+    assert math.isnan(s.runner_serving_ms) and math.isnan(s.engine_ms)
 
 
 def test_failed_and_shed_requests_are_counted_not_dropped() -> None:

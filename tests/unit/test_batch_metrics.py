@@ -18,6 +18,7 @@ SERIES = (
     "bundle_padding_efficiency_sum",
     "bundle_engine_seconds_sum",
     "bundle_queue_seconds_count",
+    "bundle_engine_cpu_seconds_total",
 )
 
 
@@ -33,8 +34,8 @@ def added(before: dict[str, float], model: str) -> dict[str, float]:
 def test_each_observation_lands_on_the_recorders_own_series() -> None:
     a, b = Recorder("unit_runner", "a"), Recorder("unit_runner", "b")
     before_a, before_b = values("a"), values("b")
-    a.engine_call(rows=4, padded=40, real=30, seconds=0.01)
-    a.engine_call(rows=2, padded=20, real=20, seconds=0.03)
+    a.engine_call(rows=4, padded=40, real=30, seconds=0.01, cpu_seconds=0.008)
+    a.engine_call(rows=2, padded=20, real=20, seconds=0.03, cpu_seconds=0.025)
     b.engine_call(rows=1, padded=8, real=8, seconds=0.002)
     a.queued(0.5)
     a.queue_depth(123)
@@ -47,9 +48,11 @@ def test_each_observation_lands_on_the_recorders_own_series() -> None:
             "bundle_padding_efficiency_sum": 0.75 + 1.0,
             "bundle_engine_seconds_sum": 0.04,
             "bundle_queue_seconds_count": 1,
+            "bundle_engine_cpu_seconds_total": 0.033,
         }
     )
     assert added(before_b, "b")["bundle_batch_rows_sum"] == 1
+    assert added(before_b, "b")["bundle_engine_cpu_seconds_total"] == 0
     depth = {"runner": "unit_runner"}
     assert REGISTRY.get_sample_value("bundle_queued_tokens", {**depth, "model": "a"}) == 123
     assert REGISTRY.get_sample_value("bundle_queued_tokens", {**depth, "model": "b"}) == 7

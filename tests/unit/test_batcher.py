@@ -455,3 +455,38 @@ def test_engine_calls_teach_admission_the_speed() -> None:
         return batcher.tokens_per_s
 
     assert run(main()) < 1e6  # ~100 tokens/s measured: far below the seed, whatever the timing
+
+
+def test_an_engine_call_s_cpu_is_counted_on_its_lane_and_nothing_around_it() -> None:
+    """The engine CPU a call reports (what the benchmark subtracts from the runner's CPU to get
+    everything else) is the lane thread's CPU inside the engine: an engine that spins is counted,
+    one that sleeps is not, and the padding before the call is not."""
+    from serving.batching.metrics import NullRecorder
+
+    class Calls(NullRecorder):
+        def __init__(self) -> None:
+            self.cpu: list[float] = []
+
+        def engine_call(self, rows, padded, real, seconds, cpu_seconds=0.0) -> None:
+            self.cpu.append(cpu_seconds)
+
+    def spinning(feeds: Feeds) -> np.ndarray:
+        spun = time.thread_time()
+        while time.thread_time() - spun < 0.05:  # 50 ms of this thread's CPU
+            pass
+        return np.zeros((len(feeds["input_ids"]), 1))
+
+    def sleeping(feeds: Feeds) -> np.ndarray:
+        time.sleep(0.05)  # 50 ms of nobody's CPU
+        return np.zeros((len(feeds["input_ids"]), 1))
+
+    async def cpu_of(engine) -> float:
+        calls = Calls()
+        batcher = Batcher(engine, Policy(), recorder=calls)
+        await batcher.submit([[1, 2, 3]])
+        await batcher.close()
+        (cpu,) = calls.cpu
+        return cpu
+
+    assert run(cpu_of(spinning)) >= 0.05
+    assert run(cpu_of(sleeping)) < 0.01
