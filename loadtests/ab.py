@@ -6,8 +6,9 @@ both at once. Points with wrk at each workload and user count, interleaved: ever
 both trees at every count, the order reversed every other round, so a machine that slows down
 mid-run slows both. Chat by default; ``--workloads chat,bulk`` adds bulk points (32 sentences a
 request, run 3x as long, as ``make bench`` runs them). Prints each round, then medians over the
-rounds of throughput, p50 and CPU per request from /proc (the tokenizer process, the ONNX
-runner's main thread, its engine threads) and the sum of requests failed or shed, with head/base
+rounds of throughput, p50 and CPU per request (the tokenizer process and the ONNX runner's main
+thread from /proc; the runner's CPU outside and inside its engine calls, from /proc and the
+runner's engine counter, NaN for a tree without it) and the sum of requests failed or shed, with head/base
 ratios. Each point is ``make bench``'s own (``points.point``, its request bodies rewritten under
 build/bench/bodies), so the two are not run at once. The venv is this checkout's: a dependency
 change is not compared.

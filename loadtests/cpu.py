@@ -87,9 +87,9 @@ def snapshot(processes: list[psutil.Process]) -> dict[int, tuple[str, Usage]]:
 def engine_seconds(url: str) -> dict[str, float]:
     """Engine CPU seconds so far of each runner (by its service name) that counts them, from the
     server's ``/metrics``: under ``bentoml serve`` every service's workers write to one
-    multiprocess directory, so the front service's page has the runners' series too. Empty for a
-    server without the counter (the baselines). The runners write it up to 0.25 s late
-    (serving/tallies.py): read it once the load has stopped that long."""
+    multiprocess directory, so the front service's page has the runners' series too (one home a
+    graph: processes.own_home). Empty for a server without the counter (the baselines). A runner
+    adds each engine call's CPU when the call ends (serving/batching/metrics.py)."""
     try:
         with urllib.request.urlopen(f"{url}/metrics", timeout=30) as resp:
             return engine_seconds_in(resp.read().decode())

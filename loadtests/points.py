@@ -16,7 +16,6 @@ from pathlib import Path
 
 from loadtests import cpu, loadgen
 from loadtests.processes import ROOT, Server
-from serving.tallies import FLUSH_S
 
 OUT = Path(os.environ.get("BENCH_OUT", ROOT / "build" / "bench"))
 QUICK = os.environ.get("BENCH_QUICK", "") not in ("", "0")
@@ -98,12 +97,19 @@ def response_bytes(url: str, body_file: Path, samples: int = 20) -> float:
     return sum(sizes) / len(sizes)
 
 
-def measure(server: Server) -> tuple[dict[int, tuple[str, cpu.Usage]], dict[str, float]]:
-    """Every process's CPU and the runners' engine CPU, at one moment: once the runners have
-    written what their last engine calls counted (they write it FLUSH_S late, serving/tallies.py),
-    so that both cover the same calls."""
-    time.sleep(2 * FLUSH_S)
-    return cpu.snapshot([server.process(), *server.descendants()]), cpu.engine_seconds(server.url)
+def measure(
+    server: Server, processes_first: bool
+) -> tuple[dict[int, tuple[str, cpu.Usage]], dict[str, float]]:
+    """Every process's CPU (/proc) and the runners' engine CPU (their counter on ``/metrics``),
+    one right after the other. Before a load, the counter first and after it, /proc first: the
+    ``/metrics`` request's own CPU falls outside the load's window either way. At the load's end,
+    a call still running has its CPU so far in /proc and not yet in the counter (written as each
+    call ends): at most the lanes' current calls, which counts against the runner."""
+    if processes_first:
+        processes = cpu.snapshot([server.process(), *server.descendants()])
+        return processes, cpu.engine_seconds(server.url)
+    engine = cpu.engine_seconds(server.url)
+    return cpu.snapshot([server.process(), *server.descendants()]), engine
 
 
 def point(
@@ -118,9 +124,9 @@ def point(
     restarted: list[str] | None = None,
 ) -> Point:
     path = "/classify" if workload == CLASSIFY else "/embed"
-    before, engine_before = measure(server)
+    before, engine_before = measure(server, processes_first=False)
     load = loadgen.run(server.url, path, bodies(workload, backend, encoding), users, seconds)
-    after, engine_after = measure(server)
+    after, engine_after = measure(server, processes_first=True)
     per_request = WORKLOADS.get(workload, 1)
     ok_per_s = load.ok / load.seconds
     return Point(

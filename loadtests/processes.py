@@ -229,6 +229,8 @@ def own_home(log: Path) -> dict[str, str]:
     for name in SHARED_IN_HOME:
         (shared / name).mkdir(parents=True, exist_ok=True)
         link = home / name
+        if link.is_symlink() and link.readlink() != shared / name:  # another shared home now
+            link.unlink()
         if not link.is_symlink():
             link.symlink_to(shared / name, target_is_directory=True)
     return {"BENTOML_HOME": str(home)}

@@ -377,8 +377,8 @@ def holds_back(results: dict) -> list[str]:
         return (
             f"the stack spends {engine + around:.2f} ms of CPU a sentence against raw's "
             f"{raw_ms('fp32'):.2f} ms of the cores' time (tokenizing and its best plan, in one "
-            f"process): {engine:.2f} on the engine's threads and {around:.2f} around them (HTTP, "
-            f"JSON, tokenizing, planning, the hop to the runner)"
+            f"process): {engine:.2f} in the engine and {around:.2f} around it (HTTP, JSON, "
+            f"tokenizing, planning, the hop to the runner, the lanes' work around each call)"
         )
 
     def against_fastapi(workload: str, needed: float) -> str:

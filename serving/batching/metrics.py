@@ -48,7 +48,9 @@ ENGINE_SECONDS = bentoml.metrics.Histogram(
 # The engine's CPU, for the benchmark's split of a runner's CPU into engine and everything else
 # (loadtests/points.py): process CPU from /proc minus this is what the runner spends around the
 # engine. Measured on the lane's thread (batcher.py, ``_compute``), so a multi-threaded engine's
-# own threads are not in it, and count as the runner's.
+# own threads are not in it, and count as the runner's. Written at each call, not tallied with
+# the histograms: the benchmark reads it together with /proc at the load's end, and a tally
+# would still hold the last 0.25 s of calls (one write a call, several requests a call).
 ENGINE_CPU_SECONDS = bentoml.metrics.Counter(
     name="bundle_engine_cpu_seconds",
     documentation="CPU seconds of the calling (lane) thread inside engine calls",
@@ -85,14 +87,14 @@ class Recorder(NullRecorder):
     Each metric's child for those labels is looked up at its first observation and kept:
     ``labels()`` formats the values and takes a lock on every call (to return the same child
     each time). Observations are tallied and written together a moment later (serving/tallies.py:
-    a runner observes four histograms an engine call and one a request)."""
+    a runner observes four histograms an engine call and one a request); the engine's CPU is
+    written as each call ends (``ENGINE_CPU_SECONDS``)."""
 
     _TALLIES = ("_rows", "_padded", "_efficiency", "_engine", "_queue")
 
     def __init__(self, runner: str, model: str) -> None:
         self.labels = {"runner": runner, "model": model}
         self._depth_now: int | None = None
-        self._engine_cpu = 0.0  # engine CPU seconds not yet written
         self._flushes = Flushes(self._write)
 
     @cached_property
@@ -126,7 +128,8 @@ class Recorder(NullRecorder):
     def engine_call(
         self, rows: int, padded: int, real: int, seconds: float, cpu_seconds: float = 0.0
     ) -> None:
-        self._engine_cpu += cpu_seconds
+        if cpu_seconds:
+            self._engine_cpu_series.inc(cpu_seconds)
         self._rows.add(rows)
         self._padded.add(padded)
         self._efficiency.add(real / padded)
@@ -153,9 +156,6 @@ class Recorder(NullRecorder):
             tally = self.__dict__.get(name)  # a tally never observed has nothing to write
             if tally is not None:
                 tally.flush()
-        if self._engine_cpu:
-            self._engine_cpu_series.inc(self._engine_cpu)
-            self._engine_cpu = 0.0
         if self._depth_now is not None:
             self._depth.set(self._depth_now)
             self._depth_now = None

@@ -8,14 +8,16 @@ stack rm` and then checked gone by its label.
 
 Swarm's virtual IPs do not route on this machine: the services use endpoint_mode dnsrr and the
 proxy resolves replicas itself (deploy/README.md). Nothing is published: the client container
-joins the stack's attachable network. Needs a Docker engine that is in no swarm, and the images
-(`make test-swarm` provides both and stops the engine it started).
+joins the stack's attachable network. Needs a Docker engine that is in no swarm (or in one an
+earlier, killed run of this test left, which it takes down first), and the images (`make
+test-swarm` provides both and stops the engine it started).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import time
 import uuid
@@ -37,7 +39,11 @@ PAIR = ["A man is eating food.", "A man is eating a piece of bread."]
 THREADS = 4  # the load's clients: at most this many requests are in flight at any moment
 TENANT = demo.tenant(7)
 STACK_PREFIX = "bundle-swarm-"  # every stack this test deploys: bundle-swarm-<6 hex>
+STACK_NAME = re.compile(rf"{STACK_PREFIX}[0-9a-f]{{6}}")
 STORE_LABEL = "bento-bundle.tenant-store"  # the node label the compose file's placement reads
+# Set on the node beside STORE_LABEL (which users set on their own nodes too, deploy/README.md):
+# marks a swarm as this test's even before its stack is deployed.
+TEST_LABEL = "bento-bundle.swarm-test"
 
 # Trains a tenant through the front door (once the stack answers), then asks each endpoint once:
 # the answers every request under load is compared with.
@@ -186,22 +192,25 @@ def left_behind() -> list[str] | None:
     A run killed before its teardown (a CI job stopped mid-test) leaves the engine in its swarm,
     and the engine's data root keeps the swarm across restarts (`make test-swarm` starts dockerd
     on the same data root each time): the next run finds a swarm, and dockerd has started the old
-    stack again. Such a swarm is recognised by what this test makes: one node, carrying the
-    tenant-store label, and no service outside stacks named ``bundle-swarm-*``."""
+    stack again. Such a swarm is recognised by what this test makes: one node, a manager, with
+    the tenant-store label; stacks all named ``bundle-swarm-<6 hex>`` and no service outside
+    them; and at least one such stack or the test's own node label (runs before that label
+    existed are recognised by their stack). A swarm a user made does not look like that."""
+    if docker("info", "--format", "{{.Swarm.ControlAvailable}}") != "true":
+        return None  # a worker node: not a swarm this test made
     # An engine that has just started on such a data root elects its one manager first: until
     # then the node commands fail ("the swarm does not have a leader").
     deadline = time.monotonic() + 60
     while (nodes := docker("node", "ls", "-q", check=False).split()) == []:
         assert time.monotonic() < deadline, "the swarm this engine is in has no manager answering"
         time.sleep(2)
-    label = docker(
-        "node", "inspect", "self", "--format", f'{{{{index .Spec.Labels "{STORE_LABEL}"}}}}'
-    )
+    labels = json.loads(docker("node", "inspect", "self", "--format", "{{json .Spec.Labels}}"))
     stacks = docker("stack", "ls", "--format", "{{.Name}}").split()
     services = docker("service", "ls", "--format", "{{.Name}}").split()
-    ours = len(nodes) == 1 and label == "true"
-    ours = ours and all(name.startswith(STACK_PREFIX) for name in stacks)
+    ours = len(nodes) == 1 and (labels or {}).get(STORE_LABEL) == "true"
+    ours = ours and all(STACK_NAME.fullmatch(name) for name in stacks)
     ours = ours and all(any(s.startswith(f"{st}_") for st in stacks) for s in services)
+    ours = ours and (bool(stacks) or (labels or {}).get(TEST_LABEL) == "true")
     return stacks if ours else None
 
 
@@ -215,16 +224,22 @@ def remove_stack(stack: str, clients: list[str]) -> None:
     label = f"label=com.docker.stack.namespace={stack}"
     while docker("ps", "-aq", "--filter", label) and time.monotonic() < deadline:
         time.sleep(2)
-    for volume in docker("volume", "ls", "-q", "--filter", f"name={stack}_").split():
-        docker("volume", "rm", volume, check=False)
-    docker("image", "rm", f"bento-bundle/tokenizer:rollout-{stack}", check=False)
 
 
 def leave_swarm(had_gwbridge: bool) -> None:
-    """The engine leaves the swarm, and Swarm's gateway bridge goes unless it was there before."""
+    """The engine leaves the swarm (its tasks' containers go with it), and Swarm's gateway bridge
+    goes unless it was there before."""
     docker("swarm", "leave", "--force", check=False)
     if not had_gwbridge:
         docker("network", "rm", "docker_gwbridge", check=False)
+
+
+def forget(stack: str) -> None:
+    """Once the swarm is left: the stack's volumes (no task holds them now) and the rollout's
+    image tag."""
+    for volume in docker("volume", "ls", "-q", "--filter", f"name={stack}_").split():
+        docker("volume", "rm", volume, check=False)
+    docker("image", "rm", f"bento-bundle/tokenizer:rollout-{stack}", check=False)
 
 
 def take_down_left_behind() -> None:
@@ -237,10 +252,14 @@ def take_down_left_behind() -> None:
     if stacks is None:
         return  # not ours: the fixture says so
     print(f"taking down the swarm an earlier run left, stacks: {stacks}")
-    for stack in stacks:
-        network = f"network={stack}_internal"
-        remove_stack(stack, docker("ps", "-aq", "--filter", network, check=False).split())
-    leave_swarm(had_gwbridge=False)
+    try:
+        for stack in stacks:
+            network = f"network={stack}_internal"
+            remove_stack(stack, docker("ps", "-aq", "--filter", network, check=False).split())
+    finally:
+        leave_swarm(had_gwbridge=False)
+        for stack in stacks:
+            forget(stack)
     for stack in stacks:
         assert not leftovers(stack), leftovers(stack)
 
@@ -261,7 +280,10 @@ def swarm() -> Iterator[Swarm]:
     try:
         # The node that holds the tenant store (the compose file's placement constraint).
         node = docker("info", "--format", "{{.Swarm.NodeID}}")
-        docker("node", "update", "--label-add", f"{STORE_LABEL}=true", node)
+        docker(
+            "node", "update", "--label-add", f"{STORE_LABEL}=true",
+            "--label-add", f"{TEST_LABEL}=true", node,
+        )  # fmt: skip
         started = time.monotonic()
         docker(
             "stack", "deploy", "--compose-file", str(COMPOSE), swarm.stack,
@@ -288,6 +310,7 @@ def swarm() -> Iterator[Swarm]:
             remove_stack(swarm.stack, swarm.clients)
         finally:  # whatever failed above, the engine leaves the swarm
             leave_swarm(had_gwbridge)
+            forget(swarm.stack)
         found = leftovers(swarm.stack)
         if had_gwbridge:
             found.pop("docker_gwbridge", None)

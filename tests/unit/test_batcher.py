@@ -457,11 +457,19 @@ def test_engine_calls_teach_admission_the_speed() -> None:
     assert run(main()) < 1e6  # ~100 tokens/s measured: far below the seed, whatever the timing
 
 
-def test_an_engine_call_s_cpu_is_counted_on_its_lane_and_nothing_around_it() -> None:
+def test_an_engine_call_s_cpu_is_its_lane_thread_s_inside_the_engine_and_nothing_around_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     """The engine CPU a call reports (what the benchmark subtracts from the runner's CPU to get
     everything else) is the lane thread's CPU inside the engine: an engine that spins is counted,
-    one that sleeps is not, and the padding before the call is not."""
+    one that sleeps is not, and padding that spins before the call is not either."""
+    from serving.batching import batcher as batcher_module
     from serving.batching.metrics import NullRecorder
+
+    def spin(seconds: float) -> None:
+        spun = time.thread_time()
+        while time.thread_time() - spun < seconds:  # this thread's CPU, not the clock's
+            pass
 
     class Calls(NullRecorder):
         def __init__(self) -> None:
@@ -471,13 +479,11 @@ def test_an_engine_call_s_cpu_is_counted_on_its_lane_and_nothing_around_it() -> 
             self.cpu.append(cpu_seconds)
 
     def spinning(feeds: Feeds) -> np.ndarray:
-        spun = time.thread_time()
-        while time.thread_time() - spun < 0.05:  # 50 ms of this thread's CPU
-            pass
+        spin(0.05)
         return np.zeros((len(feeds["input_ids"]), 1))
 
     def sleeping(feeds: Feeds) -> np.ndarray:
-        time.sleep(0.05)  # 50 ms of nobody's CPU
+        time.sleep(0.05)  # nobody's CPU
         return np.zeros((len(feeds["input_ids"]), 1))
 
     async def cpu_of(engine) -> float:
@@ -489,4 +495,12 @@ def test_an_engine_call_s_cpu_is_counted_on_its_lane_and_nothing_around_it() -> 
         return cpu
 
     assert run(cpu_of(spinning)) >= 0.05
+    assert run(cpu_of(sleeping)) < 0.01
+    padding = batcher_module.pad
+
+    def slow_padding(*args, **kwargs):
+        spin(0.05)
+        return padding(*args, **kwargs)
+
+    monkeypatch.setattr(batcher_module, "pad", slow_padding)
     assert run(cpu_of(sleeping)) < 0.01

@@ -26,3 +26,12 @@ def test_each_bentoml_serve_has_a_home_of_its_own_sharing_models_bentos_and_tena
     # A caller's home wins.
     mine = bentoml_serve(".", tmp_path / "logs" / "c.log", env={"BENTOML_HOME": "/elsewhere"})
     assert mine.env["BENTOML_HOME"] == "/elsewhere"
+
+
+def test_a_home_follows_the_shared_home_it_is_made_for(tmp_path, monkeypatch) -> None:
+    # The same log path served again after BENTOML_HOME changed: the links point at the new one.
+    log = tmp_path / "logs" / "a.log"
+    for shared in (tmp_path / "one", tmp_path / "two"):
+        monkeypatch.setenv("BENTOML_HOME", str(shared))
+        home = Path(own_home(log)["BENTOML_HOME"])
+        assert (home / "models").resolve() == (shared / "models").resolve()
