@@ -102,9 +102,11 @@ def measure(
 ) -> tuple[dict[int, tuple[str, cpu.Usage]], dict[str, float]]:
     """Every process's CPU (/proc) and the runners' engine CPU (their counter on ``/metrics``),
     one right after the other. Before a load, the counter first and after it, /proc first: the
-    ``/metrics`` request's own CPU falls outside the load's window either way. At the load's end,
-    a call still running has its CPU so far in /proc and not yet in the counter (written as each
-    call ends): at most the lanes' current calls, which counts against the runner."""
+    ``/metrics`` request's own CPU falls outside the load's window either way. At the load's end
+    the runner is still working off the requests in flight, so the two moments differ by what its
+    lanes do between them: a call running at the /proc snapshot and not ended by the counter's
+    read is in /proc only (against the runner), one that ends in between has CPU after the
+    snapshot in the counter (for it). Either way, at most the lanes' current calls."""
     if processes_first:
         processes = cpu.snapshot([server.process(), *server.descendants()])
         return processes, cpu.engine_seconds(server.url)

@@ -223,7 +223,7 @@ def own_home(log: Path) -> dict[str, str]:
     one home writes its metrics there, so a graph started beside another takes the other's metric
     files away and that graph's ``/metrics`` loses its runners' series (the benchmark reads their
     engine CPU there, cpu.py). A caller's own ``BENTOML_HOME`` in ``env`` wins."""
-    shared = Path(os.environ.get("BENTOML_HOME") or Path.home() / "bentoml")
+    shared = Path(os.environ.get("BENTOML_HOME") or Path.home() / "bentoml").resolve()
     home = log.with_suffix(".bentoml-home")
     home.mkdir(parents=True, exist_ok=True)
     for name in SHARED_IN_HOME:

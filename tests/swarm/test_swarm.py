@@ -246,7 +246,12 @@ def take_down_left_behind() -> None:
     """Where the engine is in a swarm an earlier run of this test left (``left_behind``), its
     stacks, their client containers (on the stack's network, not labelled) and the swarm go, as
     that run's teardown would have taken them."""
-    if docker("info", "--format", "{{.Swarm.LocalNodeState}}") != "active":
+    deadline = time.monotonic() + 60  # an engine just restarted in a swarm rejoins it first
+    while (state := docker("info", "--format", "{{.Swarm.LocalNodeState}}")) == "pending":
+        if time.monotonic() > deadline:
+            break
+        time.sleep(2)
+    if state != "active":
         return
     stacks = left_behind()
     if stacks is None:
@@ -258,7 +263,12 @@ def take_down_left_behind() -> None:
             remove_stack(stack, docker("ps", "-aq", "--filter", network, check=False).split())
     finally:
         leave_swarm(had_gwbridge=False)
-        for stack in stacks:
+        # A run killed in its own teardown, its stack removed and the swarm not yet left, also
+        # left its stack's volumes and rollout tag: they are this test's by their names.
+        volumes = docker("volume", "ls", "-q", "--filter", f"name={STACK_PREFIX}").split()
+        tags = docker("image", "ls", "--format", "{{.Tag}}", "bento-bundle/tokenizer").split()
+        named = {m.group(0) for name in volumes + tags if (m := STACK_NAME.search(name))}
+        for stack in set(stacks) | named:
             forget(stack)
     for stack in stacks:
         assert not leftovers(stack), leftovers(stack)

@@ -496,11 +496,12 @@ def test_an_engine_call_s_cpu_is_its_lane_thread_s_inside_the_engine_and_nothing
 
     assert run(cpu_of(spinning)) >= 0.05
     assert run(cpu_of(sleeping)) < 0.01
-    padding = batcher_module.pad
+    padding, padded = batcher_module.pad, []
 
     def slow_padding(*args, **kwargs):
-        spin(0.05)
+        padded.append(spin(0.05))
         return padding(*args, **kwargs)
 
     monkeypatch.setattr(batcher_module, "pad", slow_padding)
     assert run(cpu_of(sleeping)) < 0.01
+    assert len(padded) == 1  # the call was padded, by the slow padding
