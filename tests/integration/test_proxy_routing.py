@@ -2,7 +2,8 @@
 HAProxy running the tenant backend's own directives from deploy/proxy/haproxy.cfg: every tenant
 lands where the model says, a replica added takes only keys the model moves to it, and a hot tenant's
 concurrent requests spread exactly as the model's bounded load spreads them. And each proxy config's
-logging: a failed request logged, a served one not.
+logging (a failed request logged, a served one not) and retries (a request a dying replica closes
+unanswered is answered by another, its body arriving after its headers).
 
 HAProxy (Debian's, unpacked by `make tools`) and the backends (one tiny HTTP server per replica,
 naming itself) bind 127.0.0.1 and are stopped by PID and checked gone."""
@@ -10,6 +11,7 @@ naming itself) bind 127.0.0.1 and are stopped by PID and checked gone."""
 from __future__ import annotations
 
 import re
+import socket
 import subprocess
 import sys
 import time
@@ -201,3 +203,133 @@ def test_the_proxy_logs_a_failed_request_and_not_a_served_one(
     # while connecting (C): the replica refused, or its health check had already marked it down.
     # ("sC--": the connect timed out.)
     assert re.search(r" 503 \d+ \S+ \S+ [sS][A-Z]-- ", requests[0]), requests
+
+
+# Two replicas in one process. The one that gets the first POST to /die is dying from then on, as a
+# replica being stopped is (its listening socket still open, its worker gone): it closes that
+# request and every later one unanswered. Every other request is answered with the replica's port,
+# over keep-alive.
+CLOSING_BACKEND = """
+import socket, sys, threading
+dying = set()
+def serve(conn, port):
+    buf = b""
+    while True:
+        while b"\\r\\n\\r\\n" not in buf:
+            data = conn.recv(65536)
+            if not data:
+                conn.close(); return
+            buf += data
+        head, buf = buf.split(b"\\r\\n\\r\\n", 1)
+        lines = head.decode().split("\\r\\n")
+        length = next((int(l.split(":")[1]) for l in lines if l.lower().startswith("content-length")), 0)
+        if lines[0].split()[1] == "/die" and not dying:
+            dying.add(port)
+        if port in dying:
+            print(f"closed unanswered on {port}", flush=True)
+            conn.close(); return
+        while len(buf) < length:
+            buf += conn.recv(65536)
+        buf = buf[length:]
+        body = str(port).encode()
+        conn.sendall(b"HTTP/1.1 200 OK\\r\\nContent-Length: %d\\r\\n\\r\\n%s" % (len(body), body))
+def listen(port):
+    s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    s.bind(("127.0.0.1", port)); s.listen(64)
+    while True:
+        conn, _ = s.accept()
+        threading.Thread(target=serve, args=(conn, port), daemon=True).start()
+for port in sys.argv[1:]:
+    threading.Thread(target=listen, args=(int(port),), daemon=True).start()
+threading.Event().wait()
+"""
+
+
+def listening(port: int) -> bool:
+    with socket.socket() as probe:
+        return probe.connect_ex(("127.0.0.1", port)) == 0
+
+
+@pytest.mark.parametrize(
+    ("path", "resolvers", "buffered"),
+    [
+        (COMPOSE_CFG, "resolvers docker", True),
+        (K8S_CFG, "resolvers kube", True),
+        (COMPOSE_CFG, "resolvers docker", False),
+    ],
+    ids=["compose", "kubernetes", "compose-without-http-buffer-request"],
+)
+def test_a_request_a_dying_replica_closes_unanswered_is_answered_by_another(
+    tmp_path: Path, path: Path, resolvers: str, buffered: bool
+) -> None:
+    """Each proxy config's own global, resolvers and defaults sections, two replicas, one client
+    connection kept alive (as a load balancer's clients keep theirs): after a first request, a POST
+    whose body is written 0.3 s after its headers (httpx writes them apart) reaches a replica that
+    closes it unanswered, as one being stopped in a rolling update can. It is sent again to the
+    other replica and answered. Without ``option http-buffer-request`` HAProxy forwards the headers
+    before the body arrives, cannot send the request again, and closes the client's connection with
+    no answer: the one request a Swarm rolling update once failed (tests/swarm)."""
+    cfg = path.read_text()
+    if not buffered:
+        assert "  option http-buffer-request\n" in cfg
+        cfg = cfg.replace("  option http-buffer-request\n", "")
+    head = [
+        f"{name}\n" + "".join(f"  {line}\n" for line in section(cfg, name))
+        for name in ("global", resolvers, "defaults")
+    ]
+    front, ports = free_port(), [free_port(), free_port()]
+    written = tmp_path / "haproxy.cfg"
+    written.write_text(
+        "".join(head)
+        + f"frontend public\n  bind 127.0.0.1:{front}\n  default_backend replicas\n"
+        + "backend replicas\n  balance leastconn\n"
+        + "".join(f"  server r{i} 127.0.0.1:{port}\n" for i, port in enumerate(ports, 1))
+    )
+    log = tmp_path / "replicas.log"
+    with open(log, "w") as out:
+        procs = [
+            subprocess.Popen([sys.executable, "-c", CLOSING_BACKEND, *map(str, ports)], stdout=out)
+        ]
+        # The replicas listen before HAProxy starts: its first health check would otherwise find
+        # one refusing and hold it down for rise x inter (4 s), leaving the retry nowhere to go.
+        deadline = time.monotonic() + 20
+        while not all(listening(port) for port in ports):
+            assert time.monotonic() < deadline, "the replicas did not start"
+            time.sleep(0.05)
+        procs.append(
+            subprocess.Popen([*haproxy(), "-db", "-f", str(written)], stdout=out, stderr=out)
+        )
+    body = b'{"texts": ["hello"]}'
+
+    def late_body() -> Iterator[bytes]:
+        time.sleep(0.3)  # HAProxy has the headers by now
+        yield body
+
+    try:
+        with httpx.Client(base_url=f"http://127.0.0.1:{front}", timeout=10) as client:
+            deadline = time.monotonic() + 20
+            while True:
+                try:
+                    first = client.post("/ok", content=body)
+                    break
+                except httpx.TransportError:
+                    assert time.monotonic() < deadline, "HAProxy or the replicas did not start"
+                    time.sleep(0.1)
+            assert first.status_code == 200
+            headers = {"content-length": str(len(body))}
+            if buffered:
+                second = client.post("/die", content=late_body(), headers=headers)
+                assert second.status_code == 200, second.text
+                answered_by = int(second.text)
+            else:
+                with pytest.raises(httpx.RemoteProtocolError, match="without sending a response"):
+                    client.post("/die", content=late_body(), headers=headers)
+    finally:
+        stop_processes([psutil.Process(proc.pid) for proc in procs if psutil.pid_exists(proc.pid)])
+        for proc in procs:
+            proc.wait(timeout=10)
+    assert not [proc.pid for proc in procs if psutil.pid_exists(proc.pid)]
+    closed = set(re.findall(r"closed unanswered on (\d+)", log.read_text()))
+    assert len(closed) == 1, log.read_text()  # the request did reach the replica that closed it
+    if buffered:
+        assert answered_by != int(closed.pop())  # and the other one answered it
