@@ -186,6 +186,7 @@ class Batcher:
         self._running = 0  # calls handed to the lanes and not yet answered
         self._answered = asyncio.Event()  # set whenever a call is answered
         self._closing = False
+        self._loop_clock: int | None = None  # the event loop thread's CPU clock
 
     # -- public ---------------------------------------------------------------------------
 
@@ -233,6 +234,8 @@ class Batcher:
     # -- the loop -------------------------------------------------------------------------
 
     def _ensure_running(self) -> None:
+        if self._loop_clock is None:  # the loop's thread, whose CPU a solo call's excludes
+            self._loop_clock = time.pthread_getcpuclockid(threading.get_ident())
         if self._task is None or self._task.done():
             self._task = asyncio.get_running_loop().create_task(self._loop(), name="batcher")
 
@@ -343,14 +346,34 @@ class Batcher:
         of time meanwhile (a call may wait in line behind the running ones). Returns the rows,
         when the call began and ended (``clock``), and this thread's CPU seconds inside the
         engine: all of the engine's CPU where the engine runs on the calling thread (the ONNX
-        runner's one-thread sessions on its lanes), only the calling thread's share where it
-        has threads of its own (a solo session's pool, TensorFlow's). What the lane spends
-        around the engine (these checks, padding, the hand-off) is not in it: the benchmark
-        counts it as the runner's own CPU, beside the event loop's."""
+        runner's one-thread sessions on its lanes) or the call holds every lane (a solo call:
+        its session's threads too), only the calling thread's share where the engine has threads
+        of its own beside other calls (TensorFlow's). What the lane spends around the engine
+        (these checks, padding, the hand-off) is not in it: the benchmark counts it as the
+        runner's own CPU, beside the event loop's."""
         began = clock()
         if all(r.future.done() or began > r.deadline for r, _ in call.members):
             return None, began, began, 0.0
         feeds = pad([request.sequences[row] for request, row in call.members], self.pad_id)
         cpu = time.thread_time()
+        # A solo call holds every lane: nothing else of the instance runs beside it but the
+        # event loop, so the process's CPU less the loop's is the engine's, its session's own
+        # threads included (on the calling thread alone they would count as the runner's: at
+        # one client, most of what it spends).
+        solo = engine is self.solo and engine is not self.engine
+        outside = self._outside_loop() if solo else None
         out = engine(feeds)
-        return out, began, clock(), time.thread_time() - cpu
+        cpu = time.thread_time() - cpu
+        if outside is not None and (now := self._outside_loop()) is not None:
+            cpu = now - outside
+        return out, began, clock(), cpu
+
+    def _outside_loop(self) -> float | None:
+        """The process's CPU seconds so far less its event loop thread's; None when that thread
+        is unknown or gone (a test's loop that has ended)."""
+        if self._loop_clock is None:
+            return None
+        try:
+            return time.process_time() - time.clock_gettime(self._loop_clock)
+        except OSError:
+            return None

@@ -47,13 +47,15 @@ ENGINE_SECONDS = bentoml.metrics.Histogram(
 )
 # The engine's CPU, for the benchmark's split of a runner's CPU into engine and everything else
 # (loadtests/points.py): process CPU from /proc minus this is what the runner spends around the
-# engine. Measured on the lane's thread (batcher.py, ``_compute``), so a multi-threaded engine's
-# own threads are not in it, and count as the runner's. Written at each call, not tallied with
+# engine. Measured on the lane's thread (batcher.py, ``_compute``); for a solo call, which holds
+# every lane, the whole process's CPU less the event loop's, so its session's threads are in it.
+# A multi-threaded engine's own threads beside other calls (TensorFlow's) are not, and count as
+# the runner's. Written at each call, not tallied with
 # the histograms: the benchmark reads it together with /proc at the load's end, and a tally
 # would still hold the last 0.25 s of calls (one write a call, several requests a call).
 ENGINE_CPU_SECONDS = bentoml.metrics.Counter(
     name="bundle_engine_cpu_seconds",
-    documentation="CPU seconds of the calling (lane) thread inside engine calls",
+    documentation="CPU seconds inside engine calls: the lane's thread (a solo call: every thread but the event loop's)",
     labelnames=_LABELS,
 )
 SHED = bentoml.metrics.Counter(

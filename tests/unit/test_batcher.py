@@ -505,3 +505,44 @@ def test_an_engine_call_s_cpu_is_its_lane_thread_s_inside_the_engine_and_nothing
     monkeypatch.setattr(batcher_module, "pad", slow_padding)
     assert run(cpu_of(sleeping)) < 0.01
     assert len(padded) == 1  # the call was padded, by the slow padding
+
+
+def test_a_solo_call_s_engine_cpu_counts_its_session_s_own_threads() -> None:
+    """A solo call holds every lane, so its engine's own threads (an ONNX session's pool) are
+    counted as engine CPU: a solo engine that spins on a thread of its own while the calling
+    thread waits is counted; the same engine run as a lane's call counts only the lane's thread
+    (other lanes may run beside it, and their CPU is not its)."""
+    from serving.batching import Lanes
+    from serving.batching.metrics import NullRecorder
+
+    def spin(seconds: float) -> None:
+        spun = time.thread_time()
+        while time.thread_time() - spun < seconds:
+            pass
+
+    def pooled(feeds: Feeds) -> np.ndarray:
+        worker = threading.Thread(target=spin, args=(0.05,))
+        worker.start()
+        worker.join()  # the calling thread waits: its own CPU stays ~0
+        return np.zeros((len(feeds["input_ids"]), 1))
+
+    class Calls(NullRecorder):
+        def __init__(self) -> None:
+            self.cpu: list[float] = []
+
+        def engine_call(self, rows, padded, real, seconds, cpu_seconds=0.0) -> None:
+            self.cpu.append(cpu_seconds)
+
+    async def main():
+        calls = Calls()
+        batcher = Batcher(pooled, Policy(), lanes=Lanes(2), solo=pooled, recorder=calls)
+        lone = Batcher(FakeEngine(), Policy(), lanes=Lanes(2), solo=pooled, recorder=Calls())
+        await lone.submit([[1, 2, 3]])  # alone: the solo engine
+        await batcher.submit([[1, 2, 3]])  # its engine and solo engine are one: a lane's call
+        await lone.close()
+        await batcher.close()
+        return lone.recorder.cpu, calls.cpu
+
+    solo_cpu, lane_cpu = run(main())
+    assert solo_cpu[0] >= 0.05
+    assert lane_cpu[0] < 0.01

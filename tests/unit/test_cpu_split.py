@@ -10,7 +10,7 @@ from loadtests.cpu import Usage
 
 # What the tokenizer's /metrics holds under `bentoml serve` (every service's series, multiprocess).
 EXPOSITION = """\
-# HELP bundle_engine_cpu_seconds_total CPU seconds of the calling (lane) thread inside engine calls
+# HELP bundle_engine_cpu_seconds_total CPU seconds inside engine calls: the lane's thread (a solo call: every thread but the event loop's)
 # TYPE bundle_engine_cpu_seconds_total counter
 bundle_engine_cpu_seconds_total{model="fp32",runner="onnx_runner"} 12.5
 bundle_engine_cpu_seconds_total{model="int8",runner="onnx_runner"} 2.5
