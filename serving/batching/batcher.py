@@ -234,9 +234,10 @@ class Batcher:
     # -- the loop -------------------------------------------------------------------------
 
     def _ensure_running(self) -> None:
-        if self._loop_clock is None:  # the loop's thread, whose CPU a solo call's excludes
-            self._loop_clock = time.pthread_getcpuclockid(threading.get_ident())
         if self._task is None or self._task.done():
+            # The thread of the loop that runs the batcher: a solo call's engine CPU excludes it.
+            if hasattr(time, "pthread_getcpuclockid"):  # not on every Unix
+                self._loop_clock = time.pthread_getcpuclockid(threading.get_ident())
             self._task = asyncio.get_running_loop().create_task(self._loop(), name="batcher")
 
     async def _loop(self) -> None:
@@ -346,26 +347,31 @@ class Batcher:
         of time meanwhile (a call may wait in line behind the running ones). Returns the rows,
         when the call began and ended (``clock``), and this thread's CPU seconds inside the
         engine: all of the engine's CPU where the engine runs on the calling thread (the ONNX
-        runner's one-thread sessions on its lanes) or the call holds every lane (a solo call:
-        its session's threads too), only the calling thread's share where the engine has threads
-        of its own beside other calls (TensorFlow's). What the lane spends around the engine
-        (these checks, padding, the hand-off) is not in it: the benchmark counts it as the
-        runner's own CPU, beside the event loop's."""
+        runner's one-thread sessions on its lanes); for a solo call, which holds every lane, the
+        CPU of every thread but the event loop's (its session's threads too). Otherwise an
+        engine's own threads are not in it (TensorFlow's, a one-lane ONNX session's): only the
+        calling thread's share. What the lane spends around the engine (these checks, padding,
+        the hand-off) is not in it: the benchmark counts it as the runner's own CPU, beside the
+        event loop's."""
         began = clock()
         if all(r.future.done() or began > r.deadline for r, _ in call.members):
             return None, began, began, 0.0
         feeds = pad([request.sequences[row] for request, row in call.members], self.pad_id)
         cpu = time.thread_time()
-        # A solo call holds every lane: nothing else of the instance runs beside it but the
-        # event loop, so the process's CPU less the loop's is the engine's, its session's own
+        # A solo call holds every lane: no other engine call of the instance runs beside it, so
+        # the CPU of every thread but the event loop's is the engine's, its session's own
         # threads included (on the calling thread alone they would count as the runner's: at
-        # one client, most of what it spends).
+        # one client, most of what it spends). Also in it: whatever else the process's other
+        # threads do meanwhile (the last call's lane handing its answer back: microseconds).
         solo = engine is self.solo and engine is not self.engine
         outside = self._outside_loop() if solo else None
         out = engine(feeds)
         cpu = time.thread_time() - cpu
         if outside is not None and (now := self._outside_loop()) is not None:
-            cpu = now - outside
+            # The process's clock may lag the threads running on other cores by up to a
+            # scheduler tick, the loop thread's does not: a call shorter than that can read
+            # below zero (a counter takes no negative increment).
+            cpu = max(now - outside, 0.0)
         return out, began, clock(), cpu
 
     def _outside_loop(self) -> float | None:
@@ -374,6 +380,7 @@ class Batcher:
         if self._loop_clock is None:
             return None
         try:
-            return time.process_time() - time.clock_gettime(self._loop_clock)
+            loop = time.clock_gettime(self._loop_clock)
         except OSError:
             return None
+        return time.process_time() - loop

@@ -48,9 +48,9 @@ ENGINE_SECONDS = bentoml.metrics.Histogram(
 # The engine's CPU, for the benchmark's split of a runner's CPU into engine and everything else
 # (loadtests/points.py): process CPU from /proc minus this is what the runner spends around the
 # engine. Measured on the lane's thread (batcher.py, ``_compute``); for a solo call, which holds
-# every lane, the whole process's CPU less the event loop's, so its session's threads are in it.
-# A multi-threaded engine's own threads beside other calls (TensorFlow's) are not, and count as
-# the runner's. Written at each call, not tallied with
+# every lane, every thread's CPU but the event loop's, so its session's threads are in it. Other
+# engines' own threads (TensorFlow's, a one-lane ONNX session's) are not, and count as the
+# runner's. Written at each call, not tallied with
 # the histograms: the benchmark reads it together with /proc at the load's end, and a tally
 # would still hold the last 0.25 s of calls (one write a call, several requests a call).
 ENGINE_CPU_SECONDS = bentoml.metrics.Counter(
@@ -130,7 +130,7 @@ class Recorder(NullRecorder):
     def engine_call(
         self, rows: int, padded: int, real: int, seconds: float, cpu_seconds: float = 0.0
     ) -> None:
-        if cpu_seconds:
+        if cpu_seconds > 0:  # a counter refuses a negative increment
             self._engine_cpu_series.inc(cpu_seconds)
         self._rows.add(rows)
         self._padded.add(padded)

@@ -189,8 +189,10 @@ def test_per_request_cpu_is_measured_for_every_server_process(results) -> None:
 
 
 def test_the_stack_s_runner_splits_its_cpu_into_the_engine_and_the_rest(results) -> None:
-    """At every point, the ONNX runner's engine CPU, counted by its lanes and read from /metrics,
-    is a share of its other threads' CPU from /proc (the lanes' and the engine's own threads), and
+    """At every point, the ONNX runner's engine CPU, counted around its engine calls (a lane's
+    thread; a solo call: every thread but the event loop, which is the worker's main thread) and
+    read from /metrics, is a share of its other threads' CPU from /proc (the lanes' and the
+    engine's own threads; 5 % for the process clock's lag and threads gone by the snapshot), and
     everything else (serving_ms, what the runner's CPU target reads) is at least its event
     loop's."""
     data, _ = results

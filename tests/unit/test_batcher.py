@@ -511,7 +511,8 @@ def test_a_solo_call_s_engine_cpu_counts_its_session_s_own_threads() -> None:
     """A solo call holds every lane, so its engine's own threads (an ONNX session's pool) are
     counted as engine CPU: a solo engine that spins on a thread of its own while the calling
     thread waits is counted; the same engine run as a lane's call counts only the lane's thread
-    (other lanes may run beside it, and their CPU is not its)."""
+    (other lanes may run beside it, and their CPU is not its); and the event loop's CPU during a
+    solo call is not counted."""
     from serving.batching import Lanes
     from serving.batching.metrics import NullRecorder
 
@@ -533,16 +534,28 @@ def test_a_solo_call_s_engine_cpu_counts_its_session_s_own_threads() -> None:
         def engine_call(self, rows, padded, real, seconds, cpu_seconds=0.0) -> None:
             self.cpu.append(cpu_seconds)
 
+    def sleeping(feeds: Feeds) -> np.ndarray:
+        time.sleep(0.2)
+        return np.zeros((len(feeds["input_ids"]), 1))
+
     async def main():
-        calls = Calls()
-        batcher = Batcher(pooled, Policy(), lanes=Lanes(2), solo=pooled, recorder=calls)
         lone = Batcher(FakeEngine(), Policy(), lanes=Lanes(2), solo=pooled, recorder=Calls())
         await lone.submit([[1, 2, 3]])  # alone: the solo engine
-        await batcher.submit([[1, 2, 3]])  # its engine and solo engine are one: a lane's call
-        await lone.close()
-        await batcher.close()
-        return lone.recorder.cpu, calls.cpu
+        # A lane's call: the same engine, with a solo engine of its own beside it, not alone.
+        lanes = Batcher(pooled, Policy(max_batch_rows=1), lanes=Lanes(2), solo=FakeEngine())
+        lanes.recorder = Calls()
+        await lanes.submit([[1, 2], [3, 4]])
+        # The event loop spins while a solo call sleeps: the loop's CPU is not the engine's.
+        busy = Batcher(FakeEngine(), Policy(), lanes=Lanes(2), solo=sleeping, recorder=Calls())
+        call = asyncio.create_task(busy.submit([[1, 2, 3]]))
+        await asyncio.sleep(0.02)  # the call is on its lane
+        spin(0.1)
+        await call
+        for batcher in (lone, lanes, busy):
+            await batcher.close()
+        return lone.recorder.cpu, lanes.recorder.cpu, busy.recorder.cpu
 
-    solo_cpu, lane_cpu = run(main())
-    assert solo_cpu[0] >= 0.05
-    assert lane_cpu[0] < 0.01
+    solo_cpu, lane_cpu, busy_loop_cpu = run(main())
+    assert solo_cpu[0] >= 0.05  # its session's thread counted
+    assert len(lane_cpu) == 2 and max(lane_cpu) < 0.01  # two calls on the lanes: their threads
+    assert busy_loop_cpu[0] < 0.03  # not the loop's 0.1 s
