@@ -345,8 +345,8 @@ class Batcher:
     ) -> tuple[np.ndarray | None, float, float, float]:
         """On a lane's thread: pad and run, unless every request of the call has gone or run out
         of time meanwhile (a call may wait in line behind the running ones). Returns the rows,
-        when the call began and ended (``clock``), and this thread's CPU seconds inside the
-        engine: all of the engine's CPU where the engine runs on the calling thread (the ONNX
+        when the call began and ended (``clock``), and the CPU seconds inside the engine: this
+        thread's, all of the engine's CPU where the engine runs on the calling thread (the ONNX
         runner's one-thread sessions on its lanes); for a solo call, which holds every lane, the
         CPU of every thread but the event loop's (its session's threads too). Otherwise an
         engine's own threads are not in it (TensorFlow's, a one-lane ONNX session's): only the

@@ -50,9 +50,9 @@ ENGINE_SECONDS = bentoml.metrics.Histogram(
 # engine. Measured on the lane's thread (batcher.py, ``_compute``); for a solo call, which holds
 # every lane, every thread's CPU but the event loop's, so its session's threads are in it. Other
 # engines' own threads (TensorFlow's, a one-lane ONNX session's) are not, and count as the
-# runner's. Written at each call, not tallied with
-# the histograms: the benchmark reads it together with /proc at the load's end, and a tally
-# would still hold the last 0.25 s of calls (one write a call, several requests a call).
+# runner's. Written at each call, not tallied with the histograms: the benchmark reads it
+# together with /proc at the load's end, and a tally would still hold the last 0.25 s of calls
+# (one write a call, several requests a call).
 ENGINE_CPU_SECONDS = bentoml.metrics.Counter(
     name="bundle_engine_cpu_seconds",
     documentation="CPU seconds inside engine calls: the lane's thread (a solo call: every thread but the event loop's)",

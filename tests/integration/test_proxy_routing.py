@@ -299,9 +299,10 @@ def test_a_request_a_dying_replica_closes_unanswered_is_answered_by_another(
     def late_body() -> Iterator[bytes]:
         if buffered:
             time.sleep(0.3)  # HAProxy waits for it, and forwards nothing meanwhile
-        else:  # until the replica has closed the request: HAProxy forwarded it bodiless
+        else:  # until the replica is closing the request: HAProxy forwarded it bodiless
             deadline = time.monotonic() + 10
-            while not closed() and time.monotonic() < deadline:
+            while not closed():
+                assert time.monotonic() < deadline, "the request never reached a replica"
                 time.sleep(0.02)
         yield body
 
@@ -348,5 +349,6 @@ def test_a_request_a_dying_replica_closes_unanswered_is_answered_by_another(
     assert len(dying) == 1, log.read_text()  # the request did reach the replica that closed it
     if buffered:
         assert answered_by != int(dying.pop())  # and the other one answered it
+        assert '"POST /die' in log.read_text()  # HAProxy logs a redispatched request here
     else:  # and HAProxy closed the client's connection without a word in its log
         assert '"POST /die' not in log.read_text(), log.read_text()

@@ -53,6 +53,10 @@ def test_each_observation_lands_on_the_recorders_own_series() -> None:
     )
     assert added(before_b, "b")["bundle_batch_rows_sum"] == 1
     assert added(before_b, "b")["bundle_engine_cpu_seconds_total"] == 0
+    # A reading below zero (a clock's lag) is not written: a counter would raise on it.
+    b.engine_call(rows=1, padded=8, real=8, seconds=0.002, cpu_seconds=-1e-4)
+    assert added(before_b, "b")["bundle_engine_cpu_seconds_total"] == 0
+    assert added(before_b, "b")["bundle_batch_rows_sum"] == 2
     depth = {"runner": "unit_runner"}
     assert REGISTRY.get_sample_value("bundle_queued_tokens", {**depth, "model": "a"}) == 123
     assert REGISTRY.get_sample_value("bundle_queued_tokens", {**depth, "model": "b"}) == 7

@@ -545,8 +545,11 @@ def test_a_solo_call_s_engine_cpu_counts_its_session_s_own_threads() -> None:
         lanes = Batcher(pooled, Policy(max_batch_rows=1), lanes=Lanes(2), solo=FakeEngine())
         lanes.recorder = Calls()
         await lanes.submit([[1, 2], [3, 4]])
-        # The event loop spins while a solo call sleeps: the loop's CPU is not the engine's.
-        busy = Batcher(FakeEngine(), Policy(), lanes=Lanes(2), solo=sleeping, recorder=Calls())
+        # The event loop spins while a solo call sleeps: the loop's CPU is not the engine's. Made
+        # on another thread: the thread left out is the loop's, not the constructor's.
+        busy = await asyncio.to_thread(
+            Batcher, FakeEngine(), Policy(), lanes=Lanes(2), solo=sleeping, recorder=Calls()
+        )
         call = asyncio.create_task(busy.submit([[1, 2, 3]]))
         await asyncio.sleep(0.02)  # the call is on its lane
         spin(0.1)
