@@ -336,9 +336,15 @@ def test_a_request_a_dying_replica_closes_unanswered_is_answered_by_another(
                     second = client.post("/die", content=late_body(), headers=headers)
                     assert second.status_code == 200, second.text
                     answered_by = int(second.text)
+                    # HAProxy logs a request as its stream ends, which can be after the client
+                    # has the answer: wait for the line before stopping it.
+                    deadline = time.monotonic() + 10
+                    while '"POST /die' not in log.read_text() and time.monotonic() < deadline:
+                        time.sleep(0.05)
                 else:
                     with pytest.raises(httpx.RemoteProtocolError, match="without sending a resp"):
                         client.post("/die", content=late_body(), headers=headers)
+                    time.sleep(0.5)  # a line HAProxy wrote as the stream ended would be in by now
         finally:
             live = [psutil.Process(proc.pid) for proc in procs if psutil.pid_exists(proc.pid)]
             stop_processes(live)
