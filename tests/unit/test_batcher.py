@@ -12,6 +12,7 @@ import pytest
 
 from runners.settings import RunnerSettings
 from serving.batching import Batcher
+from serving.batching.metrics import NullRecorder
 from serving.errors import DeadlineExceeded, QueueFull
 from serving.features import Feeds
 
@@ -37,6 +38,23 @@ class FakeEngine:
 
 def expected(seq: list[int]) -> list[int]:
     return [sum(seq), len(seq)]
+
+
+def spin(seconds: float) -> None:
+    """Burn ``seconds`` of this thread's CPU (not the clock's)."""
+    spun = time.thread_time()
+    while time.thread_time() - spun < seconds:
+        pass
+
+
+class Calls(NullRecorder):
+    """Records the engine CPU each call reports."""
+
+    def __init__(self) -> None:
+        self.cpu: list[float] = []
+
+    def engine_call(self, rows, padded, real, seconds, cpu_seconds=0.0) -> None:
+        self.cpu.append(cpu_seconds)
 
 
 def run(coro):
@@ -464,19 +482,6 @@ def test_an_engine_call_s_cpu_is_its_lane_thread_s_inside_the_engine_and_nothing
     everything else) is the lane thread's CPU inside the engine: an engine that spins is counted,
     one that sleeps is not, and padding that spins before the call is not either."""
     from serving.batching import batcher as batcher_module
-    from serving.batching.metrics import NullRecorder
-
-    def spin(seconds: float) -> None:
-        spun = time.thread_time()
-        while time.thread_time() - spun < seconds:  # this thread's CPU, not the clock's
-            pass
-
-    class Calls(NullRecorder):
-        def __init__(self) -> None:
-            self.cpu: list[float] = []
-
-        def engine_call(self, rows, padded, real, seconds, cpu_seconds=0.0) -> None:
-            self.cpu.append(cpu_seconds)
 
     def spinning(feeds: Feeds) -> np.ndarray:
         spin(0.05)
@@ -514,25 +519,12 @@ def test_a_solo_call_s_engine_cpu_counts_its_session_s_own_threads() -> None:
     (other lanes may run beside it, and their CPU is not its); and the event loop's CPU during a
     solo call is not counted."""
     from serving.batching import Lanes
-    from serving.batching.metrics import NullRecorder
-
-    def spin(seconds: float) -> None:
-        spun = time.thread_time()
-        while time.thread_time() - spun < seconds:
-            pass
 
     def pooled(feeds: Feeds) -> np.ndarray:
         worker = threading.Thread(target=spin, args=(0.05,))
         worker.start()
         worker.join()  # the calling thread waits: its own CPU stays ~0
         return np.zeros((len(feeds["input_ids"]), 1))
-
-    class Calls(NullRecorder):
-        def __init__(self) -> None:
-            self.cpu: list[float] = []
-
-        def engine_call(self, rows, padded, real, seconds, cpu_seconds=0.0) -> None:
-            self.cpu.append(cpu_seconds)
 
     def sleeping(feeds: Feeds) -> np.ndarray:
         time.sleep(0.2)
