@@ -534,9 +534,10 @@ def test_a_solo_call_s_engine_cpu_counts_its_session_s_own_threads() -> None:
         lone = Batcher(FakeEngine(), Policy(), lanes=Lanes(2), solo=pooled, recorder=Calls())
         await lone.submit([[1, 2, 3]])  # alone: the solo engine
         # A lane's call: the same engine, with a solo engine of its own beside it, not alone.
-        lanes = Batcher(pooled, Policy(max_batch_rows=1), lanes=Lanes(2), solo=FakeEngine())
-        lanes.recorder = Calls()
-        await lanes.submit([[1, 2], [3, 4]])
+        on_lanes = Batcher(
+            pooled, Policy(max_batch_rows=1), lanes=Lanes(2), solo=FakeEngine(), recorder=Calls()
+        )
+        await on_lanes.submit([[1, 2], [3, 4]])
         # The event loop spins while a solo call sleeps: the loop's CPU is not the engine's. Made
         # on another thread: the thread left out is the loop's, not the constructor's.
         busy = await asyncio.to_thread(
@@ -546,9 +547,9 @@ def test_a_solo_call_s_engine_cpu_counts_its_session_s_own_threads() -> None:
         await asyncio.sleep(0.02)  # the call is on its lane
         spin(0.1)
         await call
-        for batcher in (lone, lanes, busy):
+        for batcher in (lone, on_lanes, busy):
             await batcher.close()
-        return lone.recorder.cpu, lanes.recorder.cpu, busy.recorder.cpu
+        return lone.recorder.cpu, on_lanes.recorder.cpu, busy.recorder.cpu
 
     solo_cpu, lane_cpu, busy_loop_cpu = run(main())
     assert solo_cpu[0] >= 0.05  # its session's thread counted
