@@ -34,14 +34,13 @@ import contextlib
 import datetime as dt
 import json
 import os
-import platform
 import subprocess
 import sys
 from collections.abc import Iterator
 from dataclasses import asdict
 from pathlib import Path
 
-from loadtests import report
+from loadtests import cpu, report
 from loadtests.points import (
     BENTOML_PATH,
     BULK_LONGER,
@@ -383,7 +382,7 @@ def main(argv: list[str] | None = None) -> int:
             "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
             "started": started.isoformat(timespec="seconds"),
             "commit": measured,
-            "machine": f"{platform.machine()}, {os.cpu_count()} cores, {platform.processor() or platform.platform()}",
+            "machine": cpu.machine(),
             "cores": os.cpu_count() or 1,
             "python": sys.version.split()[0],
             "quick": QUICK,

@@ -14,6 +14,7 @@ its row also splits the process's CPU into ``engine_ms`` (inside the engine call
 from __future__ import annotations
 
 import os
+import platform
 import urllib.error
 import urllib.request
 from collections import defaultdict
@@ -22,6 +23,36 @@ from pathlib import Path
 
 import psutil
 from prometheus_client.parser import text_string_to_metric_families
+
+# The instruction sets ONNX Runtime's kernels (MLAS) are chosen by at start: int8's gain over fp32
+# depends on them (VNNI has int8 dot-product instructions that AVX2 lacks), so a record names them.
+ISA_FLAGS = ("avx2", "avx512f", "avx512_vnni", "avx_vnni", "amx_int8")
+
+
+def machine(cpuinfo: str | None = None) -> str:
+    """This machine as a benchmark record names it: architecture, cores, the CPU's model and the
+    instruction sets of ``ISA_FLAGS`` it has (from ``/proc/cpuinfo``), and the OS."""
+    if cpuinfo is None:
+        try:
+            cpuinfo = Path("/proc/cpuinfo").read_text()
+        except OSError:
+            cpuinfo = ""
+    fields: dict[str, str] = {}
+    for line in cpuinfo.splitlines():
+        if not line.strip():
+            break  # the first processor's block names them all
+        key, _, value = line.partition(":")
+        fields.setdefault(key.strip(), value.strip())
+    flags = set(fields.get("flags", "").split())
+    cpu = fields.get("model name") or platform.processor() or "CPU model unknown"
+    if "cpu family" in fields:
+        cpu += f", family {fields['cpu family']} model {fields.get('model', '?')}"
+    if flags:
+        cpu += ", " + (
+            " ".join(f for f in ISA_FLAGS if f in flags) or "none of " + "/".join(ISA_FLAGS)
+        )
+    return f"{platform.machine()}, {os.cpu_count()} cores, {cpu}, {platform.platform()}"
+
 
 TICKS = os.sysconf("SC_CLK_TCK")
 ENGINE_CPU = "bundle_engine_cpu_seconds"  # the runners' counter of their engines' CPU

@@ -26,7 +26,6 @@ import argparse
 import datetime as dt
 import json
 import os
-import platform
 import re
 import subprocess
 import sys
@@ -318,7 +317,7 @@ def main(argv: list[str] | None = None) -> int:
         "meta": {
             "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
             "commit": measured,
-            "machine": f"{platform.machine()}, {os.cpu_count()} cores, {platform.platform()}",
+            "machine": cpu.machine(),
             "python": sys.version.split()[0],
         },
         "profile": run,

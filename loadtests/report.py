@@ -438,7 +438,9 @@ def holds_back(results: dict) -> list[str]:
         if "engine_ms" in v:
             said += (
                 f", of which {v['engine_ms']:.3f} inside the engine calls: "
-                f"{v['serving_ms']:.3f} outside the engine"
+                f"{v['serving_ms']:.3f} outside the engine (the event loop, on the main thread, "
+                "and the lanes around each call; each figure a median over the repeats, so the "
+                "parts need not add up)"
             )
         elif split:
             said += (
