@@ -25,7 +25,7 @@ import psutil
 from prometheus_client.parser import text_string_to_metric_families
 
 # The instruction sets ONNX Runtime's kernels (MLAS) are chosen by at start: int8's gain over fp32
-# depends on them (VNNI has int8 dot-product instructions that AVX2 lacks), so a record names them.
+# likely depends on them (VNNI has int8 dot-product instructions that AVX2 lacks): a record names them.
 ISA_FLAGS = ("avx2", "avx512f", "avx512_vnni", "avx_vnni", "amx_int8")
 
 
@@ -38,9 +38,7 @@ def machine(cpuinfo: str | None = None) -> str:
         except OSError:
             cpuinfo = ""
     fields: dict[str, str] = {}
-    for line in cpuinfo.splitlines():
-        if not line.strip():
-            break  # the first processor's block names them all
+    for line in cpuinfo.splitlines():  # the first processor's values: its block names them all
         key, _, value = line.partition(":")
         fields.setdefault(key.strip(), value.strip())
     flags = set(fields.get("flags", "").split())
