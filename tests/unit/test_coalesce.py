@@ -60,16 +60,61 @@ def test_concurrent_requests_are_merged_and_rows_return_in_order() -> None:
     assert len(runner.calls) == 2 and sum(runner.calls) == sum(len(r) for r in requests)
 
 
+class CountingRunner(FakeRunner):
+    """A FakeRunner that notes, as each call starts, how many calls were already out."""
+
+    def __init__(self, delay_s: float = 0.02) -> None:
+        super().__init__(delay_s)
+        self.active = 0
+        self.out_at_start: list[int] = []
+
+    async def embed(self, ids: list[list[int]], deadline_s: float) -> Embedded:
+        self.out_at_start.append(self.active)
+        self.active += 1
+        try:
+            return await super().embed(ids, deadline_s)
+        finally:
+            self.active -= 1
+
+
 def test_calls_in_flight_are_capped() -> None:
-    runner = FakeRunner()
+    runner = CountingRunner()
 
     async def main():
         coalescer = coalescer_for(runner, max_inflight=2)
         await asyncio.gather(*(coalescer.embed([[i]]) for i in range(50)))
 
     asyncio.run(main())
-    assert runner.calls[:2] == [1, 1]
-    assert len(runner.calls) < 10
+    assert runner.calls[0] == 1  # the first request left at once, alone
+    assert max(runner.out_at_start) <= 1  # never a third call beside two
+    assert sum(runner.calls) == 50 and len(runner.calls) < 10
+
+
+def test_a_second_call_goes_out_near_the_first_ones_end_with_what_arrived_meanwhile() -> None:
+    """With a call out, the next one waits until the first is expected to be OVERLAP_SHARE of its
+    time from done (at the measured speed), then goes while the first is still out: the runner has
+    work queued when it finishes, and the second call carries every request that arrived meanwhile
+    instead of the first of them alone."""
+    from services.tokenizer.coalesce import OVERLAP_SHARE
+
+    call_s = 0.4
+    runner = CountingRunner(delay_s=call_s)
+    admission = Admission(max_queue_tokens=1000, deadline_s=60)
+    admission.tokens_per_s = 1 / call_s  # the first call (one token) is expected to take call_s
+
+    async def main():
+        coalescer = coalescer_for(runner, max_inflight=2, admission=admission)
+        first = asyncio.ensure_future(coalescer.embed([[1]]))
+        await asyncio.sleep(0)  # the first call goes out at once
+        later = []
+        for k in range(3):  # arriving well before the first call's expected end less the share
+            later.append(asyncio.ensure_future(coalescer.embed([[2 + k]])))
+            await asyncio.sleep(call_s * (1 - OVERLAP_SHARE) / 10)
+        await asyncio.gather(first, *later)
+
+    asyncio.run(main())
+    assert runner.calls == [1, 3]  # the three later requests left together, not the first alone
+    assert runner.out_at_start == [0, 1]  # the second went while the first was still out
 
 
 def test_token_cap_splits_calls_but_a_large_request_still_goes_alone() -> None:
