@@ -7,9 +7,9 @@ arriving while calls are out wait and leave together in a later call. The runner
 groups all of them by length.
 
 A call beyond the first in flight (up to ``max_inflight``) is there so that the runner has work
-queued when it finishes the calls before it. It goes out once those are expected to be
-``OVERLAP_SHARE`` of their time from done, at the runner's speed as this queue measures it, not
-as soon as a request arrives: sent at once, it carried the few requests that had arrived since the
+queued when it finishes the calls before it. It goes out once the runner is expected to be done
+with the calls out within ``OVERLAP_SHARE`` of the last one's expected time, at the runner's speed
+as this queue measures it, not as soon as a request arrives: sent at once, it carried the few requests that had arrived since the
 call before it, and the runner's cost per call was spread over fewer requests (``OVERLAP_SHARE``
 has the figures).
 
@@ -37,12 +37,16 @@ from serving.protocol import MAX_SEQUENCES
 # call's end (its last engine calls run while a lane has nothing left to take), so the next call
 # must be there by then; and the later it goes, the more requests it carries. Against sending it at
 # once (`python -m loadtests.ab 6ca288d`, medians, on a 2-core host), the ONNX runner's CPU outside
-# the engine, ms a request: chat 64 users 0.190 against 0.235 (7 rounds), bulk 16 users 2.67
-# against 3.29 (5 rounds); sentences/s 187 against 184 and 239 against 224. `--users 16,64
-# --workloads chat,bulk --rounds 3`: the runner's CPU 7-18 % less at each point, sentences/s
-# 0.96-1.01x, within the runs' noise. (One call in flight saved more CPU but lost 13 % of chat's
-# throughput at 16 users: tokenizer/settings.py.)
+# the engine, ms a request: chat 64 users 0.190 against 0.235 (`--users 64 --rounds 7`; the
+# tokenizer's CPU 0.577 against 0.616, 187 against 184 sentences/s), bulk 16 users 2.67 against
+# 3.29 (`--users 16 --workloads bulk --rounds 5`; 239 against 224 sentences/s). A third run,
+# `--users 16,64 --workloads chat,bulk --rounds 3`: the runner's CPU outside the engine 7-18 %
+# less at each point, sentences/s 0.96-1.01x, within the runs' noise. (One call in flight saved
+# more CPU but lost 13 % of chat's throughput at 16 users: tokenizer/settings.py.)
 OVERLAP_SHARE = 0.5
+# A flush this close to its moment goes at once: uvloop's timers fire on whole milliseconds, up to
+# one early, and re-arming for the rest would spin the loop through call_soon until it passed.
+TIMER_SLACK_S = 0.001
 
 
 @dataclass(frozen=True)
@@ -64,8 +68,9 @@ class Coalescer:
     def __init__(
         self, client: EmbeddingClient, queue: TokenQueue, *, max_inflight: int, max_tokens: int
     ) -> None:
-        """``max_inflight`` calls overlap so the runner never idles between them; ``max_tokens``
-        caps one call (a single larger request still goes, alone)."""
+        """``max_inflight``: calls out at once, a call beyond the first sent when those out are
+        near their expected end (``OVERLAP_SHARE``), so the runner has work queued when it
+        finishes them; ``max_tokens`` caps one call (a single larger request still goes, alone)."""
         self.client = client
         self.queue = queue
         self.max_inflight = max_inflight
@@ -88,7 +93,7 @@ class Coalescer:
         while self._inflight < self.max_inflight and self.queue:
             if self._inflight:  # overlap the calls out: once they are near their end
                 due = self._busy_until - OVERLAP_SHARE * self._last_s
-                if clock() < due:
+                if clock() < due - TIMER_SLACK_S:
                     self._flush_at(due)
                     return
             # A runner takes at most MAX_SEQUENCES sequences a call: short texts under a large
@@ -133,7 +138,8 @@ class Coalescer:
             if self._timer_due <= due:
                 return
             self._timer.cancel()
-        # A handle, not necessarily a TimerHandle: uvloop runs a delay under 1 ms as call_soon.
+        # A handle, not necessarily a TimerHandle: uvloop runs a delay that rounds to 0 ms as
+        # call_soon.
         self._timer = asyncio.get_running_loop().call_later(due - clock(), self._timed_flush)
         self._timer_due = due
 

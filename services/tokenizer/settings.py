@@ -42,9 +42,9 @@ class TokenizerSettings(ServiceSettings):
         2,
         ge=1,
         description="Calls in flight per backend; requests arriving meanwhile are merged into a later call. "
-        "A call beyond the first goes out once those out are expected to be half done.",
+        "A call beyond the first goes out once the last one out is expected to be half done.",
     )
-    # Why 2, not 1: one call in flight makes calls twice as large, and the runner spends less per
+    # Why 2, not 1: one call in flight makes calls larger, and the runner spends less per
     # request (`python -m loadtests.ab 8a70dbb --users 64 --rounds 6`, medians, chat, on a 2-core
     # host: its CPU outside the engine 0.161 against 0.238 ms a request, the tokenizer's 0.531
     # against 0.609). But the runner's lanes then idle while a call's last engine calls run and

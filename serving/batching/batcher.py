@@ -75,14 +75,15 @@ class Lanes:
     handed over on a ``SimpleQueue``, and its result comes back as one ``call_soon_threadsafe``
     callback, where ``loop.run_in_executor`` and a task per call cost the event loop's thread a
     concurrent future and its lock, an asyncio future chained to it and the task's wake-up. That
-    thread is what the runner spends beside the engine: at 64 chat users it went from 0.101 to
-    0.083 ms a request with this change (``python -m loadtests.ab``, 5 interleaved rounds).
+    thread's CPU (part of what the runner spends beside the engine) at 64 chat users went from
+    0.101 to 0.083 ms a request with this change (``python -m loadtests.ab``, 5 interleaved rounds).
 
     The threads run at the process's own priority. Lanes 5 nicer than the event loops were
     measured and left out (``python -m loadtests.ab 8a70dbb --users 1,64 --rounds 3 --workloads
     chat,bulk``, medians, on a 2-core host): chat at 64 users gained (200 against 190 sentences/s),
     but bulk at 64 users lost (216 against 231 sentences/s, and 628 requests shed against 271).
-    Under overload the tokenizer's work on requests it then refuses took the cores from the engine."""
+    Likely, under overload, the tokenizer's work on requests it then refuses took the cores from
+    the engine."""
 
     def __init__(self, count: int = 1, name: str = "engine") -> None:
         if count < 1:

@@ -90,11 +90,12 @@ def test_calls_in_flight_are_capped() -> None:
     assert sum(runner.calls) == 50 and len(runner.calls) < 10
 
 
-def test_a_second_call_goes_out_near_the_first_ones_end_with_what_arrived_meanwhile() -> None:
+def test_a_second_call_waits_for_what_arrives_and_goes_while_the_first_is_out() -> None:
     """With a call out, the next one waits until the first is expected to be OVERLAP_SHARE of its
-    time from done (at the measured speed), then goes while the first is still out: the runner has
-    work queued when it finishes, and the second call carries every request that arrived meanwhile
-    instead of the first of them alone."""
+    time from done (at the queue's speed, set here), then goes while the first is still out: the
+    runner has work queued when it finishes, and the second call carries every request that
+    arrived meanwhile instead of the first of them alone. (When it goes is not pinned, only that it
+    waits and overlaps.)"""
     from services.tokenizer.coalesce import OVERLAP_SHARE
 
     call_s = 0.4
