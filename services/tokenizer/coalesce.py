@@ -9,9 +9,9 @@ groups all of them by length.
 A call beyond the first in flight (up to ``max_inflight``) is there so that the runner has work
 queued when it finishes the calls before it. It goes out once the runner is expected to be done
 with the calls out within ``OVERLAP_SHARE`` of the last one's expected time, at the runner's speed
-as this queue measures it, not as soon as a request arrives: sent at once, it carried the few requests that had arrived since the
-call before it, and the runner's cost per call was spread over fewer requests (``OVERLAP_SHARE``
-has the figures).
+as this queue measures it, not as soon as a request arrives: sent at once, it carried the few
+requests that had arrived since the call before it, and the runner's cost per call was spread
+over fewer requests (``OVERLAP_SHARE`` has the figures).
 
 The waiting requests sit in a ``TokenQueue`` (serving/batching/queue.py), the runner's own queue:
 the same admission (429 when full, 503 when it cannot finish in time, both with Retry-After), rounds
