@@ -1,5 +1,6 @@
 """`make profile`, briefly, on the real graph: py-spy samples both workers under chat load, the
-samples land in categories that name the real work, and /proc's CPU is split among them whole."""
+samples land in categories that name the real work, and /proc's CPU is split among them whole;
+then the host's floor (a bare Starlette route) is served and measured under the same load."""
 
 from __future__ import annotations
 
@@ -40,3 +41,6 @@ def test_a_short_profile_attributes_each_workers_cpu(tmp_path: Path) -> None:
     # the engine is most of the runner's other threads (the lanes run it)
     engine = runner["other_threads"]["engine (ONNX Runtime)"]
     assert engine > 0.5 * runner["from_proc"]["other_threads_ms"], runner
+    # the host's floor was served and measured under the same load, with nothing failed
+    assert run["floor"]["failed"] == 0 and run["floor"]["requests_per_s"] > 0, run["floor"]
+    assert run["floor"]["cpu_ms"] > 0, run["floor"]

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections import Counter
 
-from loadtests.profile import ASYNC, OTHER, categorize, markdown, parse, split
+from loadtests.profile import ASYNC, OTHER, TARGETS_FLOOR_MS, categorize, markdown, parse, split
 from loadtests.profile import LOOP as IN_UVLOOP
 
 LOOP = "run (asyncio/runners.py:118);run_until_complete (asyncio/base_events.py:640)"
@@ -118,3 +118,38 @@ def test_the_figures_give_each_main_threads_wait_for_a_core_beside_its_samples()
     text = markdown(data)
     # 675 samples at 250 Hz over 9,000 requests: 0.3 ms a request seen active, 0.1 of it CPU
     assert "onnx_runner 0.200 ms a request (0.300 sampled as active, against 0.100 of CPU)" in text
+
+
+def test_the_figures_set_the_tokenizers_cpu_against_the_hosts_floor() -> None:
+    data = {
+        "meta": {"date": "2026-11-27T12:00:00+00:00", "machine": "x86_64, 2 cores", "commit": "abc1234"},
+        "profile": {
+            "users": 64, "seconds": 30, "rate_hz": 250, "requests": 9000, "failed": 0,
+            "requests_per_s": 300.0,
+            "processes": {
+                "tokenizer": {
+                    "from_proc": {"main_ms": 0.48, "other_threads_ms": 0.02, "total_ms": 0.5},
+                    "main": {"HTTP (uvicorn)": 0.48},
+                    "other_threads": {},
+                    "samples": {"main": 4000, "other_threads": 0},
+                }
+            },
+            "floor": {"requests_per_s": 4000.0, "failed": 0, "cpu_ms": 0.25},
+        },
+    }  # fmt: skip
+    text = markdown(data)
+    assert "took **0.250 ms** of CPU a request (4000 requests/s, 0 failed)" in text
+    # the tokenizer's every thread, over the floor's CPU
+    assert "The tokenizer spent 0.500 ms, 2.0x the floor" in text
+    assert f"at most {TARGETS_FLOOR_MS} ms a request" in text
+
+
+def test_a_record_without_a_floor_says_nothing_of_one() -> None:
+    data = {
+        "meta": {"date": "2026-11-24T22:00:00+00:00", "machine": "x86_64, 2 cores", "commit": "abc1234"},
+        "profile": {
+            "users": 64, "seconds": 30, "rate_hz": 250, "requests": 9000, "failed": 0,
+            "requests_per_s": 300.0, "processes": {},
+        },
+    }  # fmt: skip
+    assert "floor" not in markdown(data)

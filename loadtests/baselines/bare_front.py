@@ -1,0 +1,53 @@
+"""A front door's floor on this host: the least CPU one chat request can cost before any serving
+feature, for ``make profile`` to set the tokenizer's own CPU per request beside.
+
+    uvicorn loadtests.baselines.bare_front:app --host 127.0.0.1 --port 8000 \
+        --http httptools --loop uvloop --no-access-log
+
+One Starlette route on uvicorn (httptools, uvloop), one process: it reads ``{"texts": [...]}``,
+tokenizes the texts with the stack's tokenizer, and answers a body of /embed's shape and size
+(each text's 384 floats, written by orjson from float32 as the stack writes them, and its token
+count). It runs no engine: every answer holds the same stored unit vector, so it is no baseline
+a user could pick, only the price of HTTP, JSON and tokenizing here. What the tokenizer spends
+beyond it is the stack's own: validation, the coalescing queue, the hop to the runner and back,
+metrics, BentoML's context. The CPU targets were set on a host where this floor was ~0.07 ms a
+request (14,372 requests/s on one core); where it is higher, so is everything above it.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import orjson
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from models import store
+from serving import contracts
+from serving.features import load_tokenizer, tokenize
+from serving.replies import dumps
+
+tokenizer = load_tokenizer(store.path_of(contracts.TOKENIZER) / "tokenizer.json")
+_UNIT = np.full(contracts.EMBEDDING_DIM, contracts.EMBEDDING_DIM**-0.5, dtype=np.float32)
+
+
+async def embed(request: Request) -> Response:
+    try:
+        texts = orjson.loads(await request.body())["texts"]
+        if not texts or not all(isinstance(t, str) for t in texts):
+            raise ValueError
+    except (ValueError, KeyError, TypeError):
+        return JSONResponse({"error": 'send {"texts": [str, ...]}'}, status_code=400)
+    ids = tokenize(tokenizer, texts)
+    vectors = np.broadcast_to(_UNIT, (len(ids), contracts.EMBEDDING_DIM))
+    # C-contiguous, so orjson writes it itself, as the stack's replies do
+    body = {"embeddings": np.ascontiguousarray(vectors), "tokens": [len(i) for i in ids]}
+    return Response(dumps(body), media_type="application/json")
+
+
+async def health(_: Request) -> Response:
+    return JSONResponse({"ok": True})
+
+
+app = Starlette(routes=[Route("/embed", embed, methods=["POST"]), Route("/health", health)])
