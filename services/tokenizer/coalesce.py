@@ -102,15 +102,15 @@ class Coalescer:
             if not batch:
                 return
             now = clock()
-            self._last_s = sum(p.tokens for p in batch) / self.queue.admission.tokens_per_s
+            tokens = sum(p.tokens for p in batch)
+            self._last_s = tokens / self.queue.admission.tokens_per_s
             self._busy_until = max(now, self._busy_until) + self._last_s
             self._inflight += 1
-            task = asyncio.get_running_loop().create_task(self._call(batch))
+            task = asyncio.get_running_loop().create_task(self._call(batch, tokens))
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
 
-    async def _call(self, batch: list[Pending]) -> None:
-        tokens = sum(p.tokens for p in batch)
+    async def _call(self, batch: list[Pending], tokens: int) -> None:
         sent = clock()
         remaining_s = min(p.deadline for p in batch) - sent
         try:

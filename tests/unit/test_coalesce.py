@@ -94,8 +94,7 @@ def test_a_second_call_waits_for_what_arrives_and_goes_while_the_first_is_out() 
     """With a call out, the next one waits until the first is expected to be OVERLAP_SHARE of its
     time from done (at the queue's speed, set here), then goes while the first is still out: the
     runner has work queued when it finishes, and the second call carries every request that
-    arrived meanwhile instead of the first of them alone. (When it goes is not pinned, only that it
-    waits and overlaps.)"""
+    arrived meanwhile instead of the first of them alone. (When it goes: the two tests below.)"""
     from services.tokenizer.coalesce import OVERLAP_SHARE
 
     call_s = 0.4
@@ -116,6 +115,73 @@ def test_a_second_call_waits_for_what_arrives_and_goes_while_the_first_is_out() 
     asyncio.run(main())
     assert runner.calls == [1, 3]  # the three later requests left together, not the first alone
     assert runner.out_at_start == [0, 1]  # the second went while the first was still out
+
+
+def test_a_second_call_is_due_overlap_share_of_the_first_ones_time_before_its_expected_end(
+    monkeypatch,
+) -> None:
+    """The first call, 4 tokens at 10 tokens/s, goes at 100.0: the runner is expected done with it
+    at 100.4, so a request arriving meanwhile is due to go OVERLAP_SHARE x 0.4 s before that."""
+    from services.tokenizer import coalesce
+
+    now = [100.0]
+    monkeypatch.setattr(coalesce, "clock", lambda: now[0])
+    runner = FakeRunner(delay_s=0.05)
+    admission = Admission(max_queue_tokens=1000, deadline_s=60)
+    admission.tokens_per_s = 10
+
+    async def main():
+        coalescer = coalescer_for(runner, max_inflight=2, admission=admission)
+        first = asyncio.ensure_future(coalescer.embed([[1] * 4]))
+        await asyncio.sleep(0)
+        now[0] = 100.1
+        second = asyncio.ensure_future(coalescer.embed([[2]]))
+        await asyncio.sleep(0)
+        armed = coalescer._timer_due, list(runner.calls)
+        await asyncio.gather(first, second)
+        return armed
+
+    due, sent_by_then = asyncio.run(main())
+    assert sent_by_then == [1]  # one sequence out: the second request waited
+    assert due == pytest.approx(100.4 - coalesce.OVERLAP_SHARE * 0.4)
+    assert runner.calls == [1, 1]  # and went when the first came back
+
+
+def test_once_no_call_is_out_the_next_ones_are_timed_from_now_not_a_stale_estimate(
+    monkeypatch,
+) -> None:
+    """An estimate far too slow (1 token in 100 s) dates the runner's end to 200.0; the call is
+    back at once. With nothing out, that end is dropped: the next call is timed from the clock,
+    and a flush armed on the stale end gives way to the sooner one."""
+    from services.tokenizer import coalesce
+
+    now = [100.0]
+    monkeypatch.setattr(coalesce, "clock", lambda: now[0])
+    runner = FakeRunner(delay_s=0.01)
+    admission = Admission(max_queue_tokens=1000, deadline_s=1000)
+    admission.tokens_per_s = 0.01
+
+    async def main():
+        coalescer = coalescer_for(runner, max_inflight=2, admission=admission)
+        first = asyncio.ensure_future(coalescer.embed([[1]]))
+        await asyncio.sleep(0)
+        second = asyncio.ensure_future(coalescer.embed([[2]]))
+        await asyncio.sleep(0)
+        stale = coalescer._timer_due  # 200.0 less the share of 100 s
+        admission.tokens_per_s = 10  # the second call, 1 token, is expected to take 0.1 s
+        await first  # back: nothing out, so the second goes at once, at 100.0
+        await asyncio.sleep(0)
+        third = asyncio.ensure_future(coalescer.embed([[3]]))
+        await asyncio.sleep(0)
+        armed = coalescer._timer_due
+        await asyncio.gather(second, third)
+        return stale, armed
+
+    stale, armed = asyncio.run(main())
+    assert stale == pytest.approx(200.0 - coalesce.OVERLAP_SHARE * 100)
+    # from 100.0, the second call's end (100.1) less the share of its 0.1 s, not from 200.0
+    assert armed == pytest.approx(100.1 - coalesce.OVERLAP_SHARE * 0.1)
+    assert runner.calls == [1, 1, 1]
 
 
 def test_token_cap_splits_calls_but_a_large_request_still_goes_alone() -> None:
