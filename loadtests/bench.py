@@ -78,7 +78,7 @@ from loadtests.raw_engine import at_edge, best_of, raw_engine
 RESULTS = ROOT / "loadtests" / "results"
 
 
-def uvicorn(app: str, log: Path) -> Server:
+def uvicorn(app: str, log: Path, env: dict[str, str] | None = None) -> Server:
     port = free_port()
     argv = [
         str(BIN / "uvicorn"),
@@ -95,7 +95,7 @@ def uvicorn(app: str, log: Path) -> Server:
         "--loop",
         "uvloop",
     ]
-    return Server(argv, port, log, ready_path="/health")
+    return Server(argv, port, log, env, ready_path="/health")
 
 
 def servers(head_store: Path, model_store: Path) -> dict[str, Server]:

@@ -13,10 +13,11 @@ Python frames only: time in a C or Rust extension is counted at the Python line 
 which the rules name (``_CALLS``).
 
 Then, with the stack stopped, the same load on the host's floor (``floor``): a bare Starlette
-route that only tokenizes and writes a reply of /embed's size (loadtests/baselines/bare_front.py).
-Its CPU per request is what HTTP, JSON and tokenizing cost on this host at the least, so the
-tokenizer's figure can be read against the machine it ran on (``TARGETS_FLOOR_MS``: the floor
-where the targets were set).
+route that only tokenizes and writes a reply of /embed's size (loadtests/baselines/bare_front.py),
+answering as fast as it can, and again holding each answer so that it answers at the rate the
+stack did. Its CPU per request is what HTTP, JSON and tokenizing cost on this host at the least,
+so the tokenizer's figure can be read against the machine it ran on (``TARGETS_FLOOR_MS``: the
+floor where the targets were set).
 
 A full run records ``loadtests/results/profiles/DATE.json`` and regenerates the profile in
 loadtests/README.md; ``PROFILE_SECONDS`` (default 30) is its length, and a run shorter than that
@@ -232,12 +233,23 @@ def profile(server: Server, users: int, seconds: float, rate: int = 250) -> dict
     }
 
 
-def floor(users: int, seconds: float) -> dict:
+def floor(users: int, seconds: float, rate: float) -> dict:
     """The front door's floor on this host (loadtests/baselines/bare_front.py: HTTP, JSON and
-    tokenizing, nothing else) under the profile's load: its CPU ms per request from /proc, served
-    alone once the stack has stopped, on the same two cores."""
+    tokenizing, nothing else) under the profile's load, served alone once the stack has stopped,
+    on the same two cores: its CPU ms per request from /proc answering as fast as it can, and
+    answering at ``rate``, the stack's (each answer held ``users / rate`` seconds, as the stack's
+    wait for the engine)."""
+    hold_s = users / rate
+    return {
+        "saturated": _floor_at(users, seconds, 0.0),
+        "at_stack_rate": {"hold_s": round(hold_s, 4), **_floor_at(users, seconds, hold_s)},
+    }
+
+
+def _floor_at(users: int, seconds: float, hold_s: float) -> dict:
     body = bodies("chat", "")
-    with uvicorn(FLOOR_APP, OUT / "logs" / "bare_front.log") as server:
+    env = {"BARE_FRONT_HOLD_S": str(hold_s)}
+    with uvicorn(FLOOR_APP, OUT / "logs" / "bare_front.log", env) as server:
         loadgen.run(server.url, "/embed", body, users, 3)  # warm, as the stack was
         before = cpu.snapshot([server.process()])
         load = loadgen.run(server.url, "/embed", body, users, seconds)
@@ -302,17 +314,22 @@ def markdown(data: dict) -> str:
 
 
 def _floor_line(run: dict) -> str:
-    floor, tokenizer = run["floor"], run["processes"]["tokenizer"]["from_proc"]["total_ms"]
+    saturated, matched = run["floor"]["saturated"], run["floor"]["at_stack_rate"]
+    tokenizer = run["processes"]["tokenizer"]["from_proc"]["total_ms"]
     return (
-        f"The floor on this host: a bare Starlette route on uvicorn that tokenizes each request "
-        f"and writes a reply of /embed's size, nothing else (`loadtests/baselines/bare_front.py`), "
-        f"under the same load, served alone after the stack had stopped, took "
-        f"**{floor['cpu_ms']:.3f} ms** of CPU a request ({floor['requests_per_s']:.0f} requests/s, "
-        f"{floor['failed']} failed). The tokenizer spent {tokenizer:.3f} ms, "
-        f"{tokenizer / floor['cpu_ms']:.1f}x the floor; the rest is its own work (validation, "
-        f"the coalescing queue, the hop to the runner, metrics, BentoML's context). The "
-        f"per-request CPU targets were set on a host where that tokenization alone, behind a bare "
-        f"Starlette app, took at most {TARGETS_FLOOR_MS} ms a request."
+        "The floor on this host: a bare Starlette route on uvicorn that tokenizes each request and "
+        "writes a reply of /embed's size, nothing else (`loadtests/baselines/bare_front.py`), "
+        f"served alone after the stack had stopped, under the same {run['users']} connections. "
+        f"Answering as fast as it could ({saturated['requests_per_s']:.0f} requests/s, "
+        f"{saturated['failed']} failed) it took **{saturated['cpu_ms']:.3f} ms** of CPU a "
+        f"request; holding each answer {matched['hold_s'] * 1000:.0f} ms, so that it answered at "
+        f"the stack's rate ({matched['requests_per_s']:.0f} requests/s, {matched['failed']} "
+        f"failed), **{matched['cpu_ms']:.3f} ms**: at that rate the loop wakes for each request. "
+        f"The tokenizer spent {tokenizer:.3f} ms a request, {tokenizer / matched['cpu_ms']:.2f}x "
+        "the floor at its rate; the rest is its own work (validation, the coalescing queue, the "
+        "hop to the runner, metrics, BentoML's context). The per-request CPU targets were set on "
+        "a host where that tokenization alone, behind a bare Starlette app answering as fast as "
+        f"it could, took at most {TARGETS_FLOOR_MS} ms a request."
     )
 
 
@@ -362,7 +379,7 @@ def main(argv: list[str] | None = None) -> int:
     with server:
         run = profile(server, args.users, args.seconds)
     print("profile: the floor, a bare Starlette route alone, same load", flush=True)
-    run["floor"] = floor(args.users, args.seconds)
+    run["floor"] = floor(args.users, args.seconds, run["requests_per_s"])
     data = {
         "meta": {
             "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
@@ -378,14 +395,18 @@ def main(argv: list[str] | None = None) -> int:
     written = [args.out]
     if "+" in measured:
         print(f"not recorded: the tree has uncommitted changes ({measured})")
-    elif args.seconds >= FULL_SECONDS and not run["failed"] and not run["floor"]["failed"]:
+    elif args.seconds >= FULL_SECONDS and not run["failed"] and not _floor_failed(run):
         RECORDED.mkdir(parents=True, exist_ok=True)
         recorded = RECORDED / f"{data['meta']['date'][:10]}.json"
         recorded.write_text(json.dumps(data, indent=2) + "\n")
         update_readme(recorded)
         written += [recorded, README]
     print("\nwritten: " + ", ".join(str(p) for p in written))
-    return 1 if run["failed"] or run["floor"]["failed"] else 0
+    return 1 if run["failed"] or _floor_failed(run) else 0
+
+
+def _floor_failed(run: dict) -> int:
+    return sum(at["failed"] for at in run["floor"].values())
 
 
 if __name__ == "__main__":

@@ -1,8 +1,8 @@
 """A front door's floor on this host: the least CPU one chat request can cost before any serving
 feature, for ``make profile`` to set the tokenizer's own CPU per request beside.
 
-    uvicorn loadtests.baselines.bare_front:app --host 127.0.0.1 --port 8000 \
-        --http httptools --loop uvloop --no-access-log
+    [BARE_FRONT_HOLD_S=0.3] uvicorn loadtests.baselines.bare_front:app --host 127.0.0.1 \
+        --port 8000 --http httptools --loop uvloop --no-access-log
 
 One Starlette route on uvicorn (httptools, uvloop), one process: it reads ``{"texts": [...]}``,
 tokenizes the texts with the stack's tokenizer, and answers a body of /embed's shape and size
@@ -12,9 +12,18 @@ a user could pick, only the price of HTTP, JSON and tokenizing here. What the to
 beyond it is the stack's own: validation, the coalescing queue, the hop to the runner and back,
 metrics, BentoML's context. The CPU targets were set on a host where this floor was ~0.07 ms a
 request (14,372 requests/s on one core); where it is higher, so is everything above it.
+
+``BARE_FRONT_HOLD_S`` holds each answer that long (a timer, no CPU) before writing it: under the
+same connections, the route then answers at the rate the stack did, whose answers wait for the
+engine. A request's CPU depends on the rate: answering as fast as it can, the loop finds several
+requests at each wake-up and writes while the next ones arrive; at the stack's rate it wakes for
+each one.
 """
 
 from __future__ import annotations
+
+import asyncio
+import os
 
 import numpy as np
 import orjson
@@ -29,6 +38,7 @@ from serving.features import load_tokenizer, tokenize
 from serving.replies import dumps
 
 tokenizer = load_tokenizer(store.path_of(contracts.TOKENIZER) / "tokenizer.json")
+HOLD_S = float(os.environ.get("BARE_FRONT_HOLD_S", "0"))
 _UNIT = np.full(contracts.EMBEDDING_DIM, contracts.EMBEDDING_DIM**-0.5, dtype=np.float32)
 
 
@@ -40,6 +50,8 @@ async def embed(request: Request) -> Response:
     except (ValueError, KeyError, TypeError):
         return JSONResponse({"error": 'send {"texts": [str, ...]}'}, status_code=400)
     ids = tokenize(tokenizer, texts)
+    if HOLD_S > 0:
+        await asyncio.sleep(HOLD_S)
     vectors = np.broadcast_to(_UNIT, (len(ids), contracts.EMBEDDING_DIM))
     # C-contiguous, so orjson writes it itself, as the stack's replies do
     body = {"embeddings": np.ascontiguousarray(vectors), "tokens": [len(i) for i in ids]}
