@@ -72,30 +72,10 @@ from loadtests.points import (
     point,
     response_bytes,
 )
-from loadtests.processes import BIN, ROOT, Server, adopt_orphans, bentoml_serve, free_port
+from loadtests.processes import ROOT, Server, adopt_orphans, bentoml_serve, uvicorn
 from loadtests.raw_engine import at_edge, best_of, raw_engine
 
 RESULTS = ROOT / "loadtests" / "results"
-
-
-def uvicorn(app: str, log: Path, env: dict[str, str] | None = None) -> Server:
-    port = free_port()
-    argv = [
-        str(BIN / "uvicorn"),
-        app,
-        "--host",
-        "127.0.0.1",
-        "--port",
-        str(port),
-        "--log-level",
-        "warning",
-        "--no-access-log",
-        "--http",
-        "httptools",
-        "--loop",
-        "uvloop",
-    ]
-    return Server(argv, port, log, env, ready_path="/health")
 
 
 def servers(head_store: Path, model_store: Path) -> dict[str, Server]:

@@ -244,3 +244,25 @@ def bentoml_serve(
     port = port or free_port()
     argv = [str(BIN / "bentoml"), "serve", target, "--host", "127.0.0.1", "--port", str(port)]
     return Server(argv, port, log, {**own_home(log), **(env or {})})
+
+
+def uvicorn(app: str, log: Path, env: dict[str, str] | None = None) -> Server:
+    """One uvicorn process serving ``app`` (module:attribute) on 127.0.0.1 with httptools and
+    uvloop, its access log off: how the hand-written baselines are served."""
+    port = free_port()
+    argv = [
+        str(BIN / "uvicorn"),
+        app,
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--log-level",
+        "warning",
+        "--no-access-log",
+        "--http",
+        "httptools",
+        "--loop",
+        "uvloop",
+    ]
+    return Server(argv, port, log, env, ready_path="/health")

@@ -16,8 +16,8 @@ Then, with the stack stopped, the same load on the host's floor (``floor``): a b
 route that only tokenizes and writes a reply of /embed's size (loadtests/baselines/bare_front.py),
 answering as fast as it can, and again holding each answer so that it answers at the rate the
 stack did. Its CPU per request is what HTTP, JSON and tokenizing cost on this host at the least,
-so the tokenizer's figure can be read against the machine it ran on (``TARGETS_FLOOR_MS``: the
-floor where the targets were set).
+so the tokenizer's figure can be read against the machine it ran on. One run of each, after the
+stack's: the floor moves with the host as much as the stack does (compare runs of one day).
 
 A full run records ``loadtests/results/profiles/DATE.json`` and regenerates the profile in
 loadtests/README.md; ``PROFILE_SECONDS`` (default 30) is its length, and a run shorter than that
@@ -40,9 +40,9 @@ from collections import Counter
 from pathlib import Path
 
 from loadtests import cpu, loadgen, readme_blocks
-from loadtests.bench import commit, uvicorn
+from loadtests.bench import commit
 from loadtests.points import MIDDLE, OUT, bodies
-from loadtests.processes import BIN, ROOT, Server, adopt_orphans, bentoml_serve
+from loadtests.processes import BIN, ROOT, Server, adopt_orphans, bentoml_serve, uvicorn
 
 RECORDED = ROOT / "loadtests" / "results" / "profiles"
 README = readme_blocks.README
@@ -50,9 +50,6 @@ BEGIN, END = "<!-- profile:begin -->", "<!-- profile:end -->"
 FULL_SECONDS = 30
 PROCESSES = ("tokenizer", "onnx_runner")
 FLOOR_APP = "loadtests.baselines.bare_front:app"
-# The floor where the per-request CPU targets were set: the same tokenization behind a bare
-# Starlette app answered 14,372 requests/s there, in one process (its ids only): at most 0.07 ms.
-TARGETS_FLOOR_MS = 0.07
 
 ASYNC = "asyncio and threads (futures, locks, queues, hand-offs)"
 
@@ -235,10 +232,11 @@ def profile(server: Server, users: int, seconds: float, rate: int = 250) -> dict
 
 def floor(users: int, seconds: float, rate: float) -> dict:
     """The front door's floor on this host (loadtests/baselines/bare_front.py: HTTP, JSON and
-    tokenizing, nothing else) under the profile's load, served alone once the stack has stopped,
-    on the same two cores: its CPU ms per request from /proc answering as fast as it can, and
-    answering at ``rate``, the stack's (each answer held ``users / rate`` seconds, as the stack's
-    wait for the engine)."""
+    tokenizing, nothing else) under the profile's load, served alone once the stack has stopped
+    (the stack's tokenizer shared the two cores with the engine, the sampler and wrk; the floor
+    shares them with wrk only): its CPU ms per request from /proc answering as fast as it can,
+    and answering at ``rate``, the stack's (each answer held ``users / rate`` seconds, a closed
+    loop's latency at that rate, as the stack's answers wait for the engine)."""
     hold_s = users / rate
     return {
         "saturated": _floor_at(users, seconds, 0.0),
@@ -318,18 +316,18 @@ def _floor_line(run: dict) -> str:
     tokenizer = run["processes"]["tokenizer"]["from_proc"]["total_ms"]
     return (
         "The floor on this host: a bare Starlette route on uvicorn that tokenizes each request and "
-        "writes a reply of /embed's size, nothing else (`loadtests/baselines/bare_front.py`), "
+        "writes a reply like /embed's, nothing else (`loadtests/baselines/bare_front.py`), "
         f"served alone after the stack had stopped, under the same {run['users']} connections. "
         f"Answering as fast as it could ({saturated['requests_per_s']:.0f} requests/s, "
         f"{saturated['failed']} failed) it took **{saturated['cpu_ms']:.3f} ms** of CPU a "
         f"request; holding each answer {matched['hold_s'] * 1000:.0f} ms, so that it answered at "
         f"the stack's rate ({matched['requests_per_s']:.0f} requests/s, {matched['failed']} "
-        f"failed), **{matched['cpu_ms']:.3f} ms**: at that rate the loop wakes for each request. "
+        f"failed), **{matched['cpu_ms']:.3f} ms** (likely: at that rate the loop wakes for each "
+        "request instead of finding several at a wake-up). "
         f"The tokenizer spent {tokenizer:.3f} ms a request, {tokenizer / matched['cpu_ms']:.2f}x "
         "the floor at its rate; the rest is its own work (validation, the coalescing queue, the "
-        "hop to the runner, metrics, BentoML's context). The per-request CPU targets were set on "
-        "a host where that tokenization alone, behind a bare Starlette app answering as fast as "
-        f"it could, took at most {TARGETS_FLOOR_MS} ms a request."
+        "hop to the runner, metrics, BentoML's context) and what sharing the cores with the "
+        "engine costs it."
     )
 
 
@@ -378,6 +376,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"profile: the stack, chat, {args.users} connections, {args.seconds:.0f} s", flush=True)
     with server:
         run = profile(server, args.users, args.seconds)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps({"profile": run}, indent=2) + "\n")  # kept if the floor fails
     print("profile: the floor, a bare Starlette route alone, same load", flush=True)
     run["floor"] = floor(args.users, args.seconds, run["requests_per_s"])
     data = {
@@ -389,23 +389,23 @@ def main(argv: list[str] | None = None) -> int:
         },
         "profile": run,
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(data, indent=2) + "\n")
     print(markdown(data))
     written = [args.out]
     if "+" in measured:
         print(f"not recorded: the tree has uncommitted changes ({measured})")
-    elif args.seconds >= FULL_SECONDS and not run["failed"] and not _floor_failed(run):
+    elif args.seconds >= FULL_SECONDS and not run["failed"] and not _floor_failures(run):
         RECORDED.mkdir(parents=True, exist_ok=True)
         recorded = RECORDED / f"{data['meta']['date'][:10]}.json"
         recorded.write_text(json.dumps(data, indent=2) + "\n")
         update_readme(recorded)
         written += [recorded, README]
     print("\nwritten: " + ", ".join(str(p) for p in written))
-    return 1 if run["failed"] or _floor_failed(run) else 0
+    return 1 if run["failed"] or _floor_failures(run) else 0
 
 
-def _floor_failed(run: dict) -> int:
+def _floor_failures(run: dict) -> int:
+    """Requests the floor's server failed or shed, over both of its loads."""
     return sum(at["failed"] for at in run["floor"].values())
 
 

@@ -5,19 +5,18 @@ feature, for ``make profile`` to set the tokenizer's own CPU per request beside.
         --port 8000 --http httptools --loop uvloop --no-access-log
 
 One Starlette route on uvicorn (httptools, uvloop), one process: it reads ``{"texts": [...]}``,
-tokenizes the texts with the stack's tokenizer, and answers a body of /embed's shape and size
-(each text's 384 floats, written by orjson from float32 as the stack writes them, and its token
-count). It runs no engine: every answer holds the same stored unit vector, so it is no baseline
-a user could pick, only the price of HTTP, JSON and tokenizing here. What the tokenizer spends
-beyond it is the stack's own: validation, the coalescing queue, the hop to the runner and back,
-metrics, BentoML's context. The CPU targets were set on a host where this floor was ~0.07 ms a
-request (14,372 requests/s on one core); where it is higher, so is everything above it.
+tokenizes the texts with the stack's tokenizer, and answers a body like /embed's (each text's
+384 floats, written by orjson from float32 as the stack writes them, and its token count; not the
+backend's name). It runs no engine: every answer holds the same stored unit vector, so it is no
+baseline a user could pick, only the price of HTTP, JSON and tokenizing here. What the tokenizer
+spends beyond it is the stack's own: validation, the coalescing queue, the hop to the runner and
+back, metrics, BentoML's context, and sharing the cores with the engine.
 
-``BARE_FRONT_HOLD_S`` holds each answer that long (a timer, no CPU) before writing it: under the
-same connections, the route then answers at the rate the stack did, whose answers wait for the
-engine. A request's CPU depends on the rate: answering as fast as it can, the loop finds several
-requests at each wake-up and writes while the next ones arrive; at the stack's rate it wakes for
-each one.
+``BARE_FRONT_HOLD_S`` holds each answer that long (a timer per request) before writing it: under
+the same connections, the route then answers at the rate the stack did, whose answers wait for
+the engine. A request's CPU depends on the rate (``make profile`` measures both): answering as
+fast as it can, the loop likely finds several requests at each wake-up and writes while the next
+ones arrive; at the stack's rate it wakes for each one.
 """
 
 from __future__ import annotations
@@ -39,7 +38,9 @@ from serving.replies import dumps
 
 tokenizer = load_tokenizer(store.path_of(contracts.TOKENIZER) / "tokenizer.json")
 HOLD_S = float(os.environ.get("BARE_FRONT_HOLD_S", "0"))
-_UNIT = np.full(contracts.EMBEDDING_DIM, contracts.EMBEDDING_DIM**-0.5, dtype=np.float32)
+# Rows sliced from one block (C-contiguous, so orjson writes them itself, as the stack's replies
+# are): no copy per request for up to this many texts.
+_ROWS = np.full((64, contracts.EMBEDDING_DIM), contracts.EMBEDDING_DIM**-0.5, dtype=np.float32)
 
 
 async def embed(request: Request) -> Response:
@@ -52,9 +53,11 @@ async def embed(request: Request) -> Response:
     ids = tokenize(tokenizer, texts)
     if HOLD_S > 0:
         await asyncio.sleep(HOLD_S)
-    vectors = np.broadcast_to(_UNIT, (len(ids), contracts.EMBEDDING_DIM))
-    # C-contiguous, so orjson writes it itself, as the stack's replies do
-    body = {"embeddings": np.ascontiguousarray(vectors), "tokens": [len(i) for i in ids]}
+    if len(ids) <= len(_ROWS):
+        vectors = _ROWS[: len(ids)]
+    else:
+        vectors = np.full((len(ids), contracts.EMBEDDING_DIM), _ROWS[0, 0], dtype=np.float32)
+    body = {"embeddings": vectors, "tokens": [len(i) for i in ids]}
     return Response(dumps(body), media_type="application/json")
 
 

@@ -1,6 +1,6 @@
 """The hand-written batching baseline batches as its docstring says: sorted by length, each engine
 call as many rows as fit in the padded-token budget, every vector the one its sentence gets alone,
-and ORT's thread spinning off."""
+and ORT's thread spinning off. The host's floor (make profile) answers as /embed does."""
 
 from __future__ import annotations
 
@@ -58,8 +58,9 @@ def test_ort_spinning_is_off(server) -> None:
 
 
 def test_the_floor_answers_embeds_shape_and_size_from_the_stacks_tokenizer() -> None:
-    """The front door's floor (make profile) tokenizes each text and writes what /embed writes,
-    one 384-float row and a token count a text, as orjson writes float32; bad input is a 400."""
+    """The front door's floor (make profile) tokenizes each text and writes a body like /embed's,
+    one 384-float row and a token count a text, as orjson writes float32, for more texts than its
+    block of rows too; bad input is a 400."""
     from starlette.testclient import TestClient
 
     from loadtests.baselines import bare_front
@@ -75,6 +76,9 @@ def test_the_floor_answers_embeds_shape_and_size_from_the_stacks_tokenizer() -> 
         assert rows.shape == (2, contracts.EMBEDDING_DIM)
         np.testing.assert_allclose(np.linalg.norm(rows, axis=1), 1.0, rtol=1e-5)
         assert len(answer.content) > 2 * contracts.EMBEDDING_DIM * 8  # floats, not a summary
+        many = client.post("/embed", json={"texts": texts * 40}).json()
+        assert np.array(many["embeddings"]).shape == (80, contracts.EMBEDDING_DIM)
+        assert many["tokens"] == body["tokens"] * 40
         for bad in ({"texts": []}, {"texts": [1]}, {"text": "x"}):
             assert client.post("/embed", json=bad).status_code == 400
         assert client.get("/health").json() == {"ok": True}

@@ -144,7 +144,7 @@ def test_a_second_call_is_due_overlap_share_of_the_first_ones_time_before_its_ex
     due, sent_by_then = asyncio.run(main())
     assert sent_by_then == [1]  # one sequence out: the second request waited
     assert due == pytest.approx(100.4 - coalesce.OVERLAP_SHARE * 0.4)
-    assert runner.calls == [1, 1]  # and went when the first came back
+    assert runner.calls == [1, 1]  # and went later, alone
 
 
 def test_once_no_call_is_out_the_next_ones_are_timed_from_now_not_a_stale_estimate(

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections import Counter
 
-from loadtests.profile import ASYNC, OTHER, TARGETS_FLOOR_MS, categorize, markdown, parse, split
+from loadtests.profile import ASYNC, OTHER, categorize, markdown, parse, split
 from loadtests.profile import LOOP as IN_UVLOOP
 
 LOOP = "run (asyncio/runners.py:118);run_until_complete (asyncio/base_events.py:640)"
@@ -147,7 +147,7 @@ def test_the_figures_set_the_tokenizers_cpu_against_the_hosts_floor_at_its_rate(
     assert "(296 requests/s, 0 failed), **0.400 ms**" in text
     # the tokenizer's every thread, over the floor's CPU at the tokenizer's own rate
     assert "The tokenizer spent 0.500 ms a request, 1.25x the floor at its rate" in text
-    assert f"at most {TARGETS_FLOOR_MS} ms a request" in text
+    assert "(likely: at that rate the loop wakes for each request" in text  # said as a guess
 
 
 def test_a_record_without_a_floor_says_nothing_of_one() -> None:
