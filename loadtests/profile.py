@@ -13,9 +13,9 @@ Python frames only: time in a C or Rust extension is counted at the Python line 
 which the rules name (``_CALLS``).
 
 Then, with the stack stopped, the same load on the host's floor (``floor``): a bare Starlette
-route that only tokenizes and writes a reply of /embed's size (loadtests/baselines/bare_front.py),
-answering as fast as it can, and again holding each answer so that it answers at the rate the
-stack did. Its CPU per request is what HTTP, JSON and tokenizing cost on this host at the least,
+route that tokenizes and writes a reply like /embed's, nothing else
+(loadtests/baselines/bare_front.py), answering as fast as it can, and again holding each answer
+so that it answers at the rate the stack did. Its CPU per request is what HTTP, JSON and tokenizing cost on this host at the least,
 so the tokenizer's figure can be read against the machine it ran on. One run of each, after the
 stack's: the floor moves with the host as much as the stack does (compare runs of one day).
 
