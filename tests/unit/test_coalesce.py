@@ -43,6 +43,23 @@ def coalescer_for(
     return Coalescer(runner, queue, max_inflight=max_inflight, max_tokens=max_tokens)
 
 
+def admission_at(tokens_per_s: float, deadline_s: float = 60) -> Admission:
+    """An admission whose speed estimate is set: the coalescer times its calls by it."""
+    admission = Admission(max_queue_tokens=1000, deadline_s=deadline_s)
+    admission.tokens_per_s = tokens_per_s
+    return admission
+
+
+@pytest.fixture
+def now(monkeypatch) -> list[float]:
+    """The coalescer's clock, moved by the test (``now[0]``), from 100.0."""
+    from services.tokenizer import coalesce
+
+    at = [100.0]
+    monkeypatch.setattr(coalesce, "clock", lambda: at[0])
+    return at
+
+
 def test_concurrent_requests_are_merged_and_rows_return_in_order() -> None:
     runner = FakeRunner()
 
@@ -99,8 +116,7 @@ def test_a_second_call_waits_for_what_arrives_and_goes_while_the_first_is_out() 
 
     call_s = 0.4
     runner = CountingRunner(delay_s=call_s)
-    admission = Admission(max_queue_tokens=1000, deadline_s=60)
-    admission.tokens_per_s = 1 / call_s  # the first call (one token) is expected to take call_s
+    admission = admission_at(1 / call_s)  # the first call (one token) is expected to take call_s
 
     async def main():
         coalescer = coalescer_for(runner, max_inflight=2, admission=admission)
@@ -118,17 +134,14 @@ def test_a_second_call_waits_for_what_arrives_and_goes_while_the_first_is_out() 
 
 
 def test_a_second_call_is_due_overlap_share_of_the_first_ones_time_before_its_expected_end(
-    monkeypatch,
+    now: list[float],
 ) -> None:
     """The first call, 4 tokens at 10 tokens/s, goes at 100.0: the runner is expected done with it
     at 100.4, so a request arriving meanwhile is due to go OVERLAP_SHARE x 0.4 s before that."""
-    from services.tokenizer import coalesce
+    from services.tokenizer.coalesce import OVERLAP_SHARE
 
-    now = [100.0]
-    monkeypatch.setattr(coalesce, "clock", lambda: now[0])
     runner = FakeRunner(delay_s=0.05)
-    admission = Admission(max_queue_tokens=1000, deadline_s=60)
-    admission.tokens_per_s = 10
+    admission = admission_at(10)
 
     async def main():
         coalescer = coalescer_for(runner, max_inflight=2, admission=admission)
@@ -143,23 +156,20 @@ def test_a_second_call_is_due_overlap_share_of_the_first_ones_time_before_its_ex
 
     due, sent_by_then = asyncio.run(main())
     assert sent_by_then == [1]  # one sequence out: the second request waited
-    assert due == pytest.approx(100.4 - coalesce.OVERLAP_SHARE * 0.4)
+    assert due == pytest.approx(100.4 - OVERLAP_SHARE * 0.4)
     assert runner.calls == [1, 1]  # and went later, alone
 
 
 def test_once_no_call_is_out_the_next_ones_are_timed_from_now_not_a_stale_estimate(
-    monkeypatch,
+    now: list[float],
 ) -> None:
     """An estimate far too slow (1 token in 100 s) dates the runner's end to 200.0; the call is
     back at once. With nothing out, that end is dropped: the next call is timed from the clock,
     and a flush armed on the stale end gives way to the sooner one."""
-    from services.tokenizer import coalesce
+    from services.tokenizer.coalesce import OVERLAP_SHARE
 
-    now = [100.0]
-    monkeypatch.setattr(coalesce, "clock", lambda: now[0])
     runner = FakeRunner(delay_s=0.01)
-    admission = Admission(max_queue_tokens=1000, deadline_s=1000)
-    admission.tokens_per_s = 0.01
+    admission = admission_at(0.01, deadline_s=1000)
 
     async def main():
         coalescer = coalescer_for(runner, max_inflight=2, admission=admission)
@@ -178,9 +188,9 @@ def test_once_no_call_is_out_the_next_ones_are_timed_from_now_not_a_stale_estima
         return stale, armed
 
     stale, armed = asyncio.run(main())
-    assert stale == pytest.approx(200.0 - coalesce.OVERLAP_SHARE * 100)
+    assert stale == pytest.approx(200.0 - OVERLAP_SHARE * 100)
     # from 100.0, the second call's end (100.1) less the share of its 0.1 s, not from 200.0
-    assert armed == pytest.approx(100.1 - coalesce.OVERLAP_SHARE * 0.1)
+    assert armed == pytest.approx(100.1 - OVERLAP_SHARE * 0.1)
     assert runner.calls == [1, 1, 1]
 
 

@@ -77,23 +77,31 @@ def test_proc_cpu_is_split_in_the_samples_proportions() -> None:
     }
 
 
-def test_the_figures_are_proc_cpu_by_category() -> None:
-    data = {
-        "meta": {"date": "2026-11-24T22:00:00+00:00", "machine": "x86_64, 2 cores", "commit": "abc1234"},
+def record(processes: dict, **more: object) -> dict:
+    """A recorded profile as ``markdown`` reads it: 64 users, 30 s, 9,000 requests at 300 a second
+    sampled at 250 Hz; ``more``: further fields of the run (its floor)."""
+    return {
+        "meta": {"date": "2026-11-27T12:00:00+00:00", "machine": "x86_64, 2 cores", "commit": "abc1234"},
         "profile": {
             "users": 64, "seconds": 30, "rate_hz": 250, "requests": 9000, "failed": 0,
-            "requests_per_s": 300.0,
-            "processes": {
-                "tokenizer": {
-                    "from_proc": {"main_ms": 0.4, "other_threads_ms": 0.0, "total_ms": 0.4},
-                    "main": {"HTTP (uvicorn)": 0.3, "JSON": 0.1},
-                    "other_threads": {},
-                    "samples": {"main": 4000, "other_threads": 0},
-                }
-            },
+            "requests_per_s": 300.0, "processes": processes, **more,
         },
     }  # fmt: skip
-    text = markdown(data)
+
+
+def tokenizer_at(main_ms: float, other_ms: float = 0.0, **main: float) -> dict:
+    """The tokenizer's figures: /proc's CPU, its main thread's split by category."""
+    return {
+        "from_proc": {"main_ms": main_ms, "other_threads_ms": other_ms, "total_ms": main_ms + other_ms},
+        "main": main,
+        "other_threads": {},
+        "samples": {"main": 4000, "other_threads": 0},
+    }  # fmt: skip
+
+
+def test_the_figures_are_proc_cpu_by_category() -> None:
+    parts = {"HTTP (uvicorn)": 0.3, "JSON": 0.1}
+    text = markdown(record({"tokenizer": tokenizer_at(0.4, **parts)}))
     assert "| tokenizer | main | HTTP (uvicorn) | 0.300 | 75% |" in text
     assert "| tokenizer | main | **all** (4,000 samples) | **0.400** | |" in text
     assert "300 requests/s answered, 0 failed or shed" in text
@@ -108,39 +116,18 @@ def test_the_figures_give_each_main_threads_wait_for_a_core_beside_its_samples()
         "samples": {"main": 675, "other_threads": 9000},
         "main_waited_ms": 0.2,
     }
-    data = {
-        "meta": {"date": "2026-11-26T05:00:00+00:00", "machine": "x86_64, 2 cores", "commit": "abc1234"},
-        "profile": {
-            "users": 64, "seconds": 30, "rate_hz": 250, "requests": 9000, "failed": 0,
-            "requests_per_s": 300.0, "processes": {"onnx_runner": process},
-        },
-    }  # fmt: skip
-    text = markdown(data)
+    text = markdown(record({"onnx_runner": process}))
     # 675 samples at 250 Hz over 9,000 requests: 0.3 ms a request seen active, 0.1 of it CPU
     assert "onnx_runner 0.200 ms a request (0.300 sampled as active, against 0.100 of CPU)" in text
 
 
 def test_the_figures_set_the_tokenizers_cpu_against_the_hosts_floor_at_its_rate() -> None:
-    data = {
-        "meta": {"date": "2026-11-27T12:00:00+00:00", "machine": "x86_64, 2 cores", "commit": "abc1234"},
-        "profile": {
-            "users": 64, "seconds": 30, "rate_hz": 250, "requests": 9000, "failed": 0,
-            "requests_per_s": 300.0,
-            "processes": {
-                "tokenizer": {
-                    "from_proc": {"main_ms": 0.48, "other_threads_ms": 0.02, "total_ms": 0.5},
-                    "main": {"HTTP (uvicorn)": 0.48},
-                    "other_threads": {},
-                    "samples": {"main": 4000, "other_threads": 0},
-                }
-            },
-            "floor": {
-                "saturated": {"requests_per_s": 4000.0, "failed": 0, "cpu_ms": 0.25},
-                "at_stack_rate": {"hold_s": 0.2133, "requests_per_s": 296.0, "failed": 0, "cpu_ms": 0.4},
-            },
-        },
-    }  # fmt: skip
-    text = markdown(data)
+    floor = {
+        "saturated": {"requests_per_s": 4000.0, "failed": 0, "cpu_ms": 0.25},
+        "at_stack_rate": {"hold_s": 0.2133, "requests_per_s": 296.0, "failed": 0, "cpu_ms": 0.4},
+    }
+    tokenizer = tokenizer_at(0.48, 0.02, **{"HTTP (uvicorn)": 0.48})
+    text = markdown(record({"tokenizer": tokenizer}, floor=floor))
     assert "under the same 64 connections" in text
     assert "(4000 requests/s, 0 failed) it took **0.250 ms** of CPU a request" in text
     assert "holding each answer 213 ms" in text
@@ -151,11 +138,4 @@ def test_the_figures_set_the_tokenizers_cpu_against_the_hosts_floor_at_its_rate(
 
 
 def test_a_record_without_a_floor_says_nothing_of_one() -> None:
-    data = {
-        "meta": {"date": "2026-11-24T22:00:00+00:00", "machine": "x86_64, 2 cores", "commit": "abc1234"},
-        "profile": {
-            "users": 64, "seconds": 30, "rate_hz": 250, "requests": 9000, "failed": 0,
-            "requests_per_s": 300.0, "processes": {},
-        },
-    }  # fmt: skip
-    assert "floor" not in markdown(data)
+    assert "floor" not in markdown(record({"tokenizer": tokenizer_at(0.4, **{"JSON": 0.4})}))
