@@ -73,6 +73,17 @@ def waited_s(pid: int) -> float:
     return int(Path(f"/proc/{pid}/task/{pid}/schedstat").read_text().split()[1]) / 1e9
 
 
+def wakeups(pid: int) -> int:
+    """Times the main thread of ``pid`` has gone to sleep and been woken (its voluntary context
+    switches, ``/proc/PID/task/PID/status``): an event loop's waits for its sockets, timers and
+    other threads' hand-offs, and any lock it waited for."""
+    for line in Path(f"/proc/{pid}/task/{pid}/status").read_text().splitlines():
+        name, _, value = line.partition(":")
+        if name == "voluntary_ctxt_switches":
+            return int(value)
+    raise RuntimeError(f"no voluntary_ctxt_switches in /proc/{pid}/task/{pid}/status")
+
+
 def usage(pid: int) -> Usage:
     main = other = 0.0
     for entry in os.scandir(f"/proc/{pid}/task"):

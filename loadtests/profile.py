@@ -19,6 +19,10 @@ so that it answers at the rate the stack did. Its CPU per request is what HTTP, 
 so the tokenizer's figure can be read against the machine it ran on. One run of each, after the
 stack's: the floor moves with the host as much as the stack does (compare runs of one day).
 
+Last, what one wake-up of an event loop costs on this host (``wake_cost.py``), beside how many
+times each main thread, and the floor's, woke a request (its voluntary context switches, /proc):
+a part of each thread's CPU that is the host's price for a wake-up times the code's count of them.
+
 A full run records ``loadtests/results/profiles/DATE.json`` and regenerates the profile in
 loadtests/README.md; ``PROFILE_SECONDS`` (default 30) is its length, and a run shorter than that
 (the test's) is not recorded.
@@ -43,6 +47,7 @@ from loadtests import cpu, loadgen, readme_blocks
 from loadtests.bench import commit
 from loadtests.points import MIDDLE, OUT, bodies
 from loadtests.processes import BIN, ROOT, Server, adopt_orphans, bentoml_serve, uvicorn
+from loadtests.wake_cost import wake_cost_us
 
 RECORDED = ROOT / "loadtests" / "results" / "profiles"
 README = readme_blocks.README
@@ -186,6 +191,7 @@ def profile(server: Server, users: int, seconds: float, rate: int = 250) -> dict
     files = {name: stacks / f"{name}.txt" for name in pids}
     before = cpu.snapshot([server.process(), *server.descendants()])
     waited = {name: cpu.waited_s(pid) for name, pid in pids.items()}
+    woke = {name: cpu.wakeups(pid) for name, pid in pids.items()}
     samplers: dict[str, subprocess.Popen] = {}
     try:
         for name, pid in pids.items():
@@ -193,6 +199,7 @@ def profile(server: Server, users: int, seconds: float, rate: int = 250) -> dict
         load = loadgen.run(server.url, "/embed", body, users, seconds)
         after = cpu.snapshot([server.process(), *server.descendants()])
         waited = {name: cpu.waited_s(pid) - waited[name] for name, pid in pids.items()}
+        woke = {name: cpu.wakeups(pid) - woke[name] for name, pid in pids.items()}
         for name, proc in samplers.items():
             said, _ = proc.communicate(timeout=seconds + 60)
             if proc.returncode or not files[name].exists():
@@ -216,6 +223,7 @@ def profile(server: Server, users: int, seconds: float, rate: int = 250) -> dict
             **split(proc_cpu[name], kinds),
             "samples": {kind: sum(by.values()) for kind, by in kinds.items()},
             "main_waited_ms": round(waited[name] * 1000 / load.ok, 4),
+            "main_wakeups": round(woke[name] / load.ok, 4),
         }
         for name, kinds in counts.items()
     }
@@ -249,9 +257,10 @@ def _floor_at(users: int, seconds: float, hold_s: float) -> dict:
     env = {"BARE_FRONT_HOLD_S": str(hold_s)}
     with uvicorn(FLOOR_APP, OUT / "logs" / "bare_front.log", env) as server:
         loadgen.run(server.url, "/embed", body, users, 3)  # warm, as the stack was
-        before = cpu.snapshot([server.process()])
+        pid = server.process().pid
+        before, woke = cpu.snapshot([server.process()]), cpu.wakeups(pid)
         load = loadgen.run(server.url, "/embed", body, users, seconds)
-        after = cpu.snapshot([server.process()])
+        after, woke = cpu.snapshot([server.process()]), cpu.wakeups(pid) - woke
     used = cpu.per_request(before, after, load.ok)
     if len(used) != 1:
         raise RuntimeError(f"no CPU measured for the floor's server: {load.ok} requests answered")
@@ -260,6 +269,7 @@ def _floor_at(users: int, seconds: float, hold_s: float) -> dict:
         "requests_per_s": round(load.ok / load.seconds, 1),
         "failed": load.failed + load.shed,
         "cpu_ms": row["total_ms"],
+        "wakeups": round(woke / max(load.ok, 1), 4),
     }
 
 
@@ -305,6 +315,8 @@ def markdown(data: dict) -> str:
         ]
     if "floor" in run:
         lines += ["", _floor_line(run)]
+    if "wake_up_us" in run:
+        lines += ["", _wake_up_line(run)]
     return (
         "\n".join(lines)
         + f"\n\nMeasured {meta['date'][:10]}, {meta['machine']}, commit {meta['commit']}."
@@ -314,6 +326,13 @@ def markdown(data: dict) -> str:
 def _floor_line(run: dict) -> str:
     saturated, matched = run["floor"]["saturated"], run["floor"]["at_stack_rate"]
     tokenizer = run["processes"]["tokenizer"]["from_proc"]["total_ms"]
+    if "wakeups" in matched:  # counted in records made since the wake-up probe
+        why = (
+            f"at that rate its loop woke {matched['wakeups']:.2f} times a request, against "
+            f"{saturated['wakeups']:.2f} answering as fast as it could"
+        )
+    else:
+        why = "likely: at that rate the loop wakes for each request instead of finding several at a wake-up"
     return (
         "The floor on this host: a bare Starlette route on uvicorn that tokenizes each request and "
         "writes a reply like /embed's, nothing else (`loadtests/baselines/bare_front.py`), "
@@ -322,12 +341,30 @@ def _floor_line(run: dict) -> str:
         f"{saturated['failed']} failed) it took **{saturated['cpu_ms']:.3f} ms** of CPU a "
         f"request; holding each answer {matched['hold_s'] * 1000:.0f} ms, so that it answered at "
         f"the stack's rate ({matched['requests_per_s']:.0f} requests/s, {matched['failed']} "
-        f"failed), **{matched['cpu_ms']:.3f} ms** (likely: at that rate the loop wakes for each "
-        "request instead of finding several at a wake-up). "
+        f"failed), **{matched['cpu_ms']:.3f} ms** ({why}). "
         f"The tokenizer spent {tokenizer:.3f} ms a request, {tokenizer / matched['cpu_ms']:.2f}x "
         "the floor at its rate; the rest is its own work (validation, the coalescing queue, the "
         "hop to the runner, metrics, BentoML's context) and what sharing the cores with the "
         "engine costs it."
+    )
+
+
+def _wake_up_line(run: dict) -> str:
+    cost = run["wake_up_us"]
+    woke = [
+        f"{name} {p['main_wakeups']:.2f} times a request, about {p['main_wakeups'] * cost / 1000:.3f}"
+        f" ms of its {p['from_proc']['main_ms']:.3f}"
+        for name, p in run["processes"].items()
+    ]
+    saturated, matched = run["floor"]["saturated"], run["floor"]["at_stack_rate"]
+    return (
+        f"Wake-ups: on this host an event loop's wake-up costs **{cost:.0f} µs** of CPU with "
+        "every core busy (`loadtests/wake_cost.py`: a uvloop loop sleeping 2 ms at a time beside "
+        "a spinning process on each core, measured after the floor). The main threads woke "
+        "(voluntary context switches, /proc): " + "; ".join(woke) + ". The floor's woke "
+        f"{saturated['wakeups']:.2f} times a request answering as fast as it could and "
+        f"{matched['wakeups']:.2f} at the stack's rate, about "
+        f"{(matched['wakeups'] - saturated['wakeups']) * cost / 1000:.3f} ms more a request."
     )
 
 
@@ -380,6 +417,8 @@ def main(argv: list[str] | None = None) -> int:
     args.out.write_text(json.dumps({"profile": run}, indent=2) + "\n")  # kept if the floor fails
     print("profile: the floor, a bare Starlette route alone, same load", flush=True)
     run["floor"] = floor(args.users, args.seconds, run["requests_per_s"])
+    print("profile: what a wake-up of an event loop costs here", flush=True)
+    run["wake_up_us"] = round(wake_cost_us(), 1)
     data = {
         "meta": {
             "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),

@@ -1,6 +1,7 @@
 """`make profile`, briefly, on the real graph: py-spy samples both workers under chat load, the
 samples land in categories that name the real work, and /proc's CPU is split among them whole;
-then the host's floor (a bare Starlette route) is served and measured under the same load."""
+then the host's floor (a bare Starlette route) is served and measured under the same load, and
+what a wake-up of an event loop costs here beside each main thread's wake-ups a request."""
 
 from __future__ import annotations
 
@@ -50,3 +51,8 @@ def test_a_short_profile_attributes_each_workers_cpu(tmp_path: Path) -> None:
     assert matched["hold_s"] == round(USERS / run["requests_per_s"], 4)
     # held that long, no connection can answer faster than once a hold (an unheld route would)
     assert matched["requests_per_s"] <= USERS / matched["hold_s"], run["floor"]
+    # every main thread, and the floor's, woke while serving, and a wake-up's cost was measured
+    assert run["wake_up_us"] > 0
+    for name, p in run["processes"].items():
+        assert p["main_wakeups"] > 0, (name, p)
+    assert saturated["wakeups"] > 0 and matched["wakeups"] > 0, run["floor"]

@@ -40,3 +40,14 @@ def test_a_runner_s_cpu_is_split_into_engine_and_the_rest() -> None:
     assert "engine_ms" not in rows["tokenizer"]  # it counts no engine: no split
     # Without the counters (a baseline server), no process is split.
     assert all("engine_ms" not in row for row in cpu.per_request(before, after, 1000).values())
+
+
+def test_a_main_threads_wakeups_count_each_time_it_slept_and_was_woken() -> None:
+    # pytest runs tests on the main thread, whose count wakeups() reads
+    import os
+    import time
+
+    before = cpu.wakeups(os.getpid())
+    for _ in range(5):
+        time.sleep(0.002)  # each sleep: the thread gives up its core and is woken
+    assert cpu.wakeups(os.getpid()) - before >= 5

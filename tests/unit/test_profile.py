@@ -135,7 +135,40 @@ def test_the_figures_set_the_tokenizers_cpu_against_the_hosts_floor_at_its_rate(
     # the tokenizer's every thread, over the floor's CPU at the tokenizer's own rate
     assert "The tokenizer spent 0.500 ms a request, 1.25x the floor at its rate" in text
     assert "(likely: at that rate the loop wakes for each request" in text  # said as a guess
+    assert "Wake-ups" not in text  # a record made before the wake-up probe
 
 
 def test_a_record_without_a_floor_says_nothing_of_one() -> None:
     assert "floor" not in markdown(record({"tokenizer": tokenizer_at(0.4, **{"JSON": 0.4})}))
+
+
+def floor_at(saturated_wakeups: float, matched_wakeups: float) -> dict:
+    return {
+        "saturated": {"requests_per_s": 4000.0, "failed": 0, "cpu_ms": 0.25, "wakeups": saturated_wakeups},
+        "at_stack_rate": {
+            "hold_s": 0.2133, "requests_per_s": 296.0, "failed": 0, "cpu_ms": 0.4,
+            "wakeups": matched_wakeups,
+        },
+    }  # fmt: skip
+
+
+def test_the_figures_put_the_main_threads_wakeups_at_the_hosts_cost_of_one() -> None:
+    runner = {
+        "from_proc": {"main_ms": 0.12, "other_threads_ms": 6.0, "total_ms": 6.12},
+        "main": {"HTTP (uvicorn)": 0.12},
+        "other_threads": {"engine (ONNX Runtime)": 6.0},
+        "samples": {"main": 675, "other_threads": 9000},
+        "main_wakeups": 0.6,
+    }
+    tokenizer = {**tokenizer_at(0.5, **{"HTTP (uvicorn)": 0.5}), "main_wakeups": 0.15}
+    run = record({"onnx_runner": runner, "tokenizer": tokenizer}, floor=floor_at(0.1, 1.3))
+    text = markdown({**run, "profile": {**run["profile"], "wake_up_us": 40.0}})
+    assert "an event loop's wake-up costs **40 µs** of CPU with every core busy" in text
+    # wake-ups a request x the cost of one, against the thread's CPU
+    assert "onnx_runner 0.60 times a request, about 0.024 ms of its 0.120" in text
+    assert "tokenizer 0.15 times a request, about 0.006 ms of its 0.500" in text
+    assert "The floor's woke 0.10 times a request answering as fast as it could and 1.30" in text
+    assert "about 0.048 ms more a request" in text  # (1.3 - 0.1) x 40 µs
+    # the floor's line says what was counted instead of a guess
+    assert "its loop woke 1.30 times a request, against 0.10 answering as fast as it could" in text
+    assert "likely" not in text
