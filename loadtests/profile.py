@@ -326,13 +326,6 @@ def markdown(data: dict) -> str:
 def _floor_line(run: dict) -> str:
     saturated, matched = run["floor"]["saturated"], run["floor"]["at_stack_rate"]
     tokenizer = run["processes"]["tokenizer"]["from_proc"]["total_ms"]
-    if "wakeups" in matched:  # counted in records made since the wake-up probe
-        why = (
-            f"at that rate its loop woke {matched['wakeups']:.2f} times a request, against "
-            f"{saturated['wakeups']:.2f} answering as fast as it could"
-        )
-    else:
-        why = "likely: at that rate the loop wakes for each request instead of finding several at a wake-up"
     return (
         "The floor on this host: a bare Starlette route on uvicorn that tokenizes each request and "
         "writes a reply like /embed's, nothing else (`loadtests/baselines/bare_front.py`), "
@@ -341,7 +334,7 @@ def _floor_line(run: dict) -> str:
         f"{saturated['failed']} failed) it took **{saturated['cpu_ms']:.3f} ms** of CPU a "
         f"request; holding each answer {matched['hold_s'] * 1000:.0f} ms, so that it answered at "
         f"the stack's rate ({matched['requests_per_s']:.0f} requests/s, {matched['failed']} "
-        f"failed), **{matched['cpu_ms']:.3f} ms** ({why}). "
+        f"failed), **{matched['cpu_ms']:.3f} ms**. "
         f"The tokenizer spent {tokenizer:.3f} ms a request, {tokenizer / matched['cpu_ms']:.2f}x "
         "the floor at its rate; the rest is its own work (validation, the coalescing queue, the "
         "hop to the runner, metrics, BentoML's context) and what sharing the cores with the "
@@ -357,14 +350,17 @@ def _wake_up_line(run: dict) -> str:
         for name, p in run["processes"].items()
     ]
     saturated, matched = run["floor"]["saturated"], run["floor"]["at_stack_rate"]
+    more_woken_ms = (matched["wakeups"] - saturated["wakeups"]) * cost / 1000
+    dearer_ms = matched["cpu_ms"] - saturated["cpu_ms"]
+    share = f" ({more_woken_ms / dearer_ms:.0%})" if dearer_ms > 0 else ""
     return (
         f"Wake-ups: on this host an event loop's wake-up costs **{cost:.0f} µs** of CPU with "
         "every core busy (`loadtests/wake_cost.py`: a uvloop loop sleeping 2 ms at a time beside "
         "a spinning process on each core, measured after the floor). The main threads woke "
         "(voluntary context switches, /proc): " + "; ".join(woke) + ". The floor's woke "
         f"{saturated['wakeups']:.2f} times a request answering as fast as it could and "
-        f"{matched['wakeups']:.2f} at the stack's rate, about "
-        f"{(matched['wakeups'] - saturated['wakeups']) * cost / 1000:.3f} ms more a request."
+        f"{matched['wakeups']:.2f} at the stack's rate: about {more_woken_ms:.3f} ms of the "
+        f"{dearer_ms:.3f} ms more a request that it cost at that rate{share}."
     )
 
 

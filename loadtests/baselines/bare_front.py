@@ -14,9 +14,8 @@ back, metrics, BentoML's context, and sharing the cores with the engine.
 
 ``BARE_FRONT_HOLD_S`` holds each answer that long (a timer per request) before writing it: under
 the same connections, the route then answers at the rate the stack did, whose answers wait for
-the engine. A request's CPU depends on the rate (``make profile`` measures both): answering as
-fast as it can, the loop likely finds several requests at each wake-up and writes while the next
-ones arrive; at the stack's rate it wakes for each one.
+the engine. A request's CPU depends on the rate (``make profile`` measures both, and counts the
+loop's wake-ups at each: they are a small part of the difference).
 """
 
 from __future__ import annotations
