@@ -7,7 +7,7 @@ threads that are idle). Each sample is put in the first category whose rule matc
 leaf first. The amounts come from /proc (``cpu.py``): each process's CPU per request over the same
 seconds, main thread and other threads apart, split by category in the samples' proportions. The
 samples are not the amounts: py-spy counts a thread that is runnable but waiting for a core as
-active, and on two busy cores a main thread waited for one from ~0.7 to ~2 times as long as it ran
+active, and on two busy cores a main thread waited for one from ~0.7 to ~2.5 times as long as it ran
 (the profile gives each main thread's run-queue delay from /proc beside its samples and its CPU).
 Python frames only: time in a C or Rust extension is counted at the Python line that called it,
 which the rules name (``_CALLS``).
@@ -269,7 +269,7 @@ def _floor_at(users: int, seconds: float, hold_s: float) -> dict:
         "requests_per_s": round(load.ok / load.seconds, 1),
         "failed": load.failed + load.shed,
         "cpu_ms": row["total_ms"],
-        "wakeups": round(woke / max(load.ok, 1), 4),
+        "wakeups": round(woke / load.ok, 4),
     }
 
 
@@ -349,19 +349,27 @@ def _wake_up_line(run: dict) -> str:
         f" ms of its {p['from_proc']['main_ms']:.3f}"
         for name, p in run["processes"].items()
     ]
+    line = (
+        f"Wake-ups: on this host an event loop's wake-up costs **{cost:.0f} µs** of CPU with "
+        "every core busy (`loadtests/wake_cost.py`: a uvloop loop sleeping 2 ms at a time beside "
+        "a spinning process on each core, less a yield's CPU). The main threads woke (voluntary "
+        "context switches, /proc, waits for a lock among them): " + "; ".join(woke) + "."
+    )
+    if "floor" not in run:
+        return line
     saturated, matched = run["floor"]["saturated"], run["floor"]["at_stack_rate"]
     more_woken_ms = (matched["wakeups"] - saturated["wakeups"]) * cost / 1000
     dearer_ms = matched["cpu_ms"] - saturated["cpu_ms"]
-    share = f" ({more_woken_ms / dearer_ms:.0%})" if dearer_ms > 0 else ""
-    return (
-        f"Wake-ups: on this host an event loop's wake-up costs **{cost:.0f} µs** of CPU with "
-        "every core busy (`loadtests/wake_cost.py`: a uvloop loop sleeping 2 ms at a time beside "
-        "a spinning process on each core, measured after the floor). The main threads woke "
-        "(voluntary context switches, /proc): " + "; ".join(woke) + ". The floor's woke "
-        f"{saturated['wakeups']:.2f} times a request answering as fast as it could and "
-        f"{matched['wakeups']:.2f} at the stack's rate: about {more_woken_ms:.3f} ms of the "
-        f"{dearer_ms:.3f} ms more a request that it cost at that rate{share}."
+    line += (
+        f" The floor's woke {saturated['wakeups']:.2f} times a request answering as fast as it "
+        f"could and {matched['wakeups']:.2f} at the stack's rate"
     )
+    if dearer_ms > 0:
+        return line + (
+            f": about {more_woken_ms:.3f} ms of the {dearer_ms:.3f} ms more a request that it cost "
+            f"at that rate ({more_woken_ms / dearer_ms:.0%})."
+        )
+    return line + f", where a request cost it no more ({dearer_ms:+.3f} ms)."
 
 
 def _sampled_ms(run: dict, process: dict) -> float:

@@ -15,7 +15,7 @@ back, metrics, BentoML's context, and sharing the cores with the engine.
 ``BARE_FRONT_HOLD_S`` holds each answer that long (a timer per request) before writing it: under
 the same connections, the route then answers at the rate the stack did, whose answers wait for
 the engine. A request's CPU depends on the rate (``make profile`` measures both, and counts the
-loop's wake-ups at each: they are a small part of the difference).
+loop's wake-ups at each); the hold's timer is part of what the held route spends.
 """
 
 from __future__ import annotations
