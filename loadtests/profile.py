@@ -421,6 +421,7 @@ def main(argv: list[str] | None = None) -> int:
     args.out.write_text(json.dumps({"profile": run}, indent=2) + "\n")  # kept if the floor fails
     print("profile: the floor, a bare Starlette route alone, same load", flush=True)
     run["floor"] = floor(args.users, args.seconds, run["requests_per_s"])
+    args.out.write_text(json.dumps({"profile": run}, indent=2) + "\n")  # kept if the probe fails
     print("profile: what a wake-up of an event loop costs here", flush=True)
     run["wake_up_us"] = round(wake_cost_us(), 1)
     data = {

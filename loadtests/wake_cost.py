@@ -10,7 +10,8 @@ The probe: a uvloop loop sleeps ``period_s`` at a time, ``wakes`` times, while a
 holds every core, as the engine's lanes hold them under load (a woken thread then takes a core
 from a busy one instead of leaving an idle one). Its thread's CPU per sleep, less its CPU per
 ``asyncio.sleep(0)`` (a yield to the loop, which goes on without waiting), is the cost of one
-wake-up, with the sleep's timer. With idle cores a wake-up can cost more; the stack under load keeps them busy.
+wake-up, with the sleep's timer. Idle cores are not measured: the stack under load keeps them
+busy.
 
 The spinners stop on their own after ``SPIN_S`` (a probe killed before it could stop them leaves
 none spinning for long), and are stopped by PID and checked gone when the probe ends.

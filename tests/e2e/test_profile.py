@@ -57,4 +57,4 @@ def test_a_short_profile_attributes_each_workers_cpu(tmp_path: Path) -> None:
     assert run["wake_up_us"] > 0
     for name, p in run["processes"].items():
         assert p["main_wakeups"] > 0, (name, p)
-    assert matched["wakeups"] > 0 and saturated["wakeups"] >= 0, run["floor"]
+    assert matched["wakeups"] > 0, run["floor"]
