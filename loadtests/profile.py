@@ -418,10 +418,14 @@ def main(argv: list[str] | None = None) -> int:
     with server:
         run = profile(server, args.users, args.seconds)
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps({"profile": run}, indent=2) + "\n")  # kept if the floor fails
+
+    def keep() -> None:  # what is measured so far, kept if a later step fails
+        args.out.write_text(json.dumps({"profile": run}, indent=2) + "\n")
+
+    keep()
     print("profile: the floor, a bare Starlette route alone, same load", flush=True)
     run["floor"] = floor(args.users, args.seconds, run["requests_per_s"])
-    args.out.write_text(json.dumps({"profile": run}, indent=2) + "\n")  # kept if the probe fails
+    keep()
     print("profile: what a wake-up of an event loop costs here", flush=True)
     run["wake_up_us"] = round(wake_cost_us(), 1)
     data = {

@@ -3,6 +3,9 @@ read from the runners' counter on /metrics, subtracted from the process's CPU fr
 
 from __future__ import annotations
 
+import os
+import time
+
 import pytest
 
 from loadtests import cpu
@@ -44,9 +47,6 @@ def test_a_runner_s_cpu_is_split_into_engine_and_the_rest() -> None:
 
 def test_a_main_threads_wakeups_count_each_time_it_slept_and_was_woken() -> None:
     # pytest runs tests on the main thread, whose count wakeups() reads
-    import os
-    import time
-
     before = cpu.wakeups(os.getpid())
     for _ in range(5):
         time.sleep(0.002)  # each sleep: the thread gives up its core and is woken
