@@ -31,7 +31,11 @@ class RunnerSettings(ServiceSettings):
     )
     max_batch_rows: int = Field(64, ge=1, description="Sequences per engine call.")
     round_tokens: int = Field(
-        8192, ge=1, description="Real tokens taken from the queue and sorted together per round."
+        8192,
+        ge=1,
+        description="Real tokens sorted and planned together: the rows held from earlier rounds and "
+        "those taken from the queue, topped up once the rows held fall below half of it (a request "
+        "larger than the room left still goes, so at most one request over).",
     )
     call_overhead_tokens: int = Field(
         CALL_OVERHEAD_TOKENS,

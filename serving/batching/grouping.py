@@ -18,7 +18,7 @@ CALL_OVERHEAD_TOKENS = 32
 
 @dataclass(frozen=True)
 class Group:
-    """One engine call: indices into the round's sequences, and its padded shape."""
+    """One engine call: indices into the planned sequences, and its padded shape."""
 
     indices: tuple[int, ...]
     width: int  # longest sequence: every row is padded to it
@@ -33,8 +33,9 @@ def plan(
 ) -> list[Group]:
     """Cheapest split of the sorted sequences into engine calls (dynamic programme, O(n x max_rows)).
 
-    Plain Python, not NumPy: it runs on the runner's event loop once a round, and a round holds
-    few sequences (~17 in a chat round at 64 users, ~340 in a bulk round), where NumPy's cost per
+    Plain Python, not NumPy: it runs on the runner's event loop whenever rows join or leave the
+    ones waiting (serving/batching/batcher.py), and they are few (~17 in a chat round at 64
+    users, ~340 in a bulk round, before the batcher held rows across rounds), where NumPy's cost per
     call on small arrays dominated: 17 sequences 88 -> 17 us, 64 317 -> 112 us, 340 1.6 -> 0.9 ms
     (timeit, corpus lengths). Under chat load it had been ~13 % of the ONNX runner's main thread's
     busy samples (py-spy --native, one run). The plans are the same: at equal cost the longer

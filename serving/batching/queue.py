@@ -45,6 +45,7 @@ class Pending:
     timing: Timing = field(default_factory=Timing)
     rows: np.ndarray | None = None
     remaining: int = 0
+    taken: float = 0.0  # when a round took it from the queue (``clock``)
 
     def rows_of(self) -> Iterable[tuple[Pending, int]]:
         """(this request, row index) for each of its sequences: how a round lists its rows."""
@@ -103,6 +104,7 @@ class TokenQueue:
                 pending.future.set_exception(self.admission.expired(pending.tokens))
                 continue
             self.admission.started(pending.tokens)
+            pending.taken = now
             pending.timing.queue_s = now - pending.enqueued
             self.recorder.queued(pending.timing.queue_s)
             taken.append(pending)

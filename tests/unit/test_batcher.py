@@ -125,6 +125,163 @@ def test_concurrent_requests_are_batched_together() -> None:
     assert len(engine.calls) < 32
 
 
+def test_rows_held_from_one_round_join_the_next_and_the_oldest_goes_first() -> None:
+    """A round's rows that are not in the call placed now wait for the next free lane, planned
+    there with the requests that arrived meanwhile: the held long row shares a call with a later
+    one of its length (each round alone would have made two calls of one row), and that call goes
+    before a shorter row that arrived later, because it holds the oldest row."""
+    from serving.batching import Lanes
+
+    engine = FakeEngine(delay_s=0.2)
+
+    async def main():
+        batcher = Batcher(engine, Policy(max_batch_rows=2), lanes=Lanes(1))
+        blocker = asyncio.create_task(batcher.submit([[1] * 5]))  # on the lane
+        await asyncio.sleep(0.05)
+        # 5 and 40 tokens: two calls (padding 5 to 40 costs more than a call); the short one
+        # waits in line, the long one is held.
+        first = asyncio.create_task(batcher.submit([[2] * 5, [3] * 40]))
+        await asyncio.sleep(0.05)
+        later = [asyncio.create_task(batcher.submit(r)) for r in ([[4] * 40], [[6] * 5])]
+        await asyncio.gather(blocker, first, *later)
+        await batcher.close()
+        return batcher.admission
+
+    admission = run(main())
+    assert engine.seen == [1, 2, 3, 4, 6]
+    assert engine.calls[2] == (2, 40)  # the held row and the later one of its length, together
+    assert (admission.waiting, admission.running) == (0, 0)
+
+
+def test_held_rows_whose_caller_went_cost_no_engine_time() -> None:
+    from serving.batching import Lanes
+
+    engine = FakeEngine(delay_s=0.2)
+
+    async def main():
+        batcher = Batcher(engine, Policy(max_batch_rows=2), lanes=Lanes(1))
+        blocker = asyncio.create_task(batcher.submit([[1] * 5]))
+        await asyncio.sleep(0.05)
+        gone = asyncio.create_task(batcher.submit([[2] * 5, [3] * 40]))  # in line, held
+        await asyncio.sleep(0.05)
+        gone.cancel()
+        await blocker
+        kept = await batcher.submit([[4] * 40])
+        await batcher.close()
+        return kept, batcher.admission
+
+    (rows, _), admission = run(main())
+    assert rows[0, :2].tolist() == [160, 40]
+    assert 2 not in engine.seen and 3 not in engine.seen
+    assert (admission.waiting, admission.running) == (0, 0)
+
+
+def test_a_round_is_planned_once_while_nothing_joins_or_leaves_it(monkeypatch) -> None:
+    """The plan runs on the event loop: a round whose rows go out in ten calls, with nothing
+    arriving meanwhile, is planned once, not once a call."""
+    import serving.batching.batcher as batcher_module
+    from serving.batching import Lanes
+
+    plans = []
+
+    def counted(*args, **kwargs):
+        plans.append(args[0])
+        return plan(*args, **kwargs)
+
+    plan = batcher_module.plan
+    monkeypatch.setattr(batcher_module, "plan", counted)
+    engine = FakeEngine()
+
+    async def main():
+        batcher = Batcher(engine, Policy(max_batch_rows=1), lanes=Lanes(1))
+        rows, _ = await batcher.submit([[i + 1] * 3 for i in range(10)])
+        await batcher.close()
+        return rows
+
+    assert run(main())[:, 0].tolist() == [3 * (i + 1) for i in range(10)]
+    assert len(engine.calls) == 10 and len(plans) == 1
+
+
+def test_a_held_row_whose_caller_went_is_planned_out_of_the_call_it_was_cut_into() -> None:
+    """Rows held in one planned call: when one request of it goes, the rows left are planned
+    again, not sent in the call as it was cut (which would compute the gone row and count its
+    tokens as finished twice)."""
+    from serving.batching import Lanes
+
+    engine = FakeEngine(delay_s=0.2)
+
+    async def main():
+        batcher = Batcher(engine, Policy(max_batch_rows=2), lanes=Lanes(1))
+        blocker = asyncio.create_task(batcher.submit([[1] * 5]))
+        await asyncio.sleep(0.05)
+        # One round, two calls of two rows: [2, 3] in line, [6, 7] held.
+        first = asyncio.create_task(batcher.submit([[2] * 5, [3] * 5]))
+        gone = asyncio.create_task(batcher.submit([[6] * 5]))
+        kept = asyncio.create_task(batcher.submit([[7] * 5]))
+        await asyncio.sleep(0.05)
+        gone.cancel()
+        await asyncio.gather(blocker, first, kept)
+        await batcher.close()
+        return batcher.admission
+
+    admission = run(main())
+    assert 6 not in engine.seen and engine.seen[-1] == 7
+    assert (admission.waiting, admission.running) == (0, 0)
+
+
+def test_a_held_row_whose_deadline_passes_fails_its_request_unrun() -> None:
+    from serving.batching import Lanes
+
+    engine = FakeEngine(delay_s=0.3)
+
+    async def main():
+        batcher = Batcher(engine, Policy(max_batch_rows=1), lanes=Lanes(1))
+        blocker = asyncio.create_task(batcher.submit([[1] * 5]))
+        await asyncio.sleep(0.05)
+        # one row in line, one held, both past the deadline when the lane frees
+        with pytest.raises(DeadlineExceeded):
+            await batcher.submit([[2] * 5, [3] * 40], deadline_s=0.15)
+        await blocker
+        await batcher.close()
+        return batcher.admission
+
+    admission = run(main())
+    assert engine.seen == [1]
+    assert (admission.waiting, admission.running) == (0, 0)
+
+
+def test_rows_held_over_half_a_round_are_planned_before_the_queue_is_taken_from(
+    monkeypatch,
+) -> None:
+    """The queue tops up the rows held only once they fall below half of ``round_tokens``: a
+    request that arrives meanwhile waits in the queue, and the plan is not run again for it."""
+    import serving.batching.batcher as batcher_module
+    from serving.batching import Lanes
+
+    plans = []
+    plan = batcher_module.plan
+    monkeypatch.setattr(
+        batcher_module,
+        "plan",
+        lambda lengths, *a, **k: plans.append(list(lengths)) or plan(lengths, *a, **k),
+    )
+    engine = FakeEngine(delay_s=0.2)
+
+    async def main():
+        batcher = Batcher(engine, Policy(max_batch_rows=1, round_tokens=20), lanes=Lanes(1))
+        # 20 tokens: one row on the lane, one in line, 10 tokens held (half the round)
+        whole = asyncio.create_task(batcher.submit([[i + 1] * 5 for i in range(4)]))
+        await asyncio.sleep(0.05)
+        later = asyncio.create_task(batcher.submit([[9] * 5]))
+        await asyncio.gather(whole, later)
+        await batcher.close()
+
+    run(main())
+    # taken when 5 tokens were held: planned with the last row, not with the last two
+    assert plans == [[5, 5, 5, 5], [5, 5]]
+    assert engine.seen == [1, 2, 3, 4, 9]
+
+
 def test_queue_full_gives_429_with_retry_after() -> None:
     engine = FakeEngine(delay_s=0.05)
 
@@ -403,8 +560,8 @@ def test_one_lane_keeps_one_call_in_line_and_drops_it_if_its_caller_goes() -> No
 
 
 def test_admission_returns_to_zero_and_close_answers_calls_not_yet_placed() -> None:
-    """Closing while a round's later calls wait for a lane: every request is answered (served or
-    refused), none left waiting, and the admission's counts return to zero."""
+    """Closing while a round's rows wait for a lane (one in line, one held): every request is
+    answered (served or refused), none left waiting, and the admission's counts return to zero."""
     from serving.batching import Lanes
 
     engine = FakeEngine(delay_s=0.1)
@@ -413,7 +570,7 @@ def test_admission_returns_to_zero_and_close_answers_calls_not_yet_placed() -> N
         batcher = Batcher(engine, Policy(max_batch_rows=1), lanes=Lanes(1))
         served = await asyncio.gather(*(batcher.submit([[i + 1, 2]]) for i in range(3)))
         counts = (batcher.admission.waiting, batcher.admission.running)
-        # three calls of one round, one lane: the third waits for a slot when close() comes
+        # three calls' worth of rows, one lane: the third is held when close() comes
         pending = asyncio.gather(batcher.submit([[7, 1], [8, 1], [9, 1]]), return_exceptions=True)
         await asyncio.sleep(0.05)
         await batcher.close()
