@@ -2,9 +2,8 @@
 
 Whenever a lane can take work, the loop takes a *round* from the token queue (queue.py; only while
 the rows held fall below half of ``round_tokens``), plans it together with the rows still held from
-earlier rounds (``grouping.plan``: sorted by length,
-padded-token budget, dynamic padding) and hands the lane one call: the one that holds the oldest
-row. The other rows are held for the next free lane, where the requests that arrived meanwhile
+earlier rounds (``grouping.plan``: sorted by length, padded-token budget, dynamic padding) and
+hands the lane one call: the one that holds the oldest row. The other rows are held for the next free lane, where the requests that arrived meanwhile
 join them: every call is cut from all the rows waiting, and the oldest always goes next. Each
 request is answered as soon as its last row is done. While the lanes work, new requests queue up,
 so batches grow with load and a lone request is never made to wait for company. An engine call
@@ -15,9 +14,9 @@ With one lane, calls run one after another on one engine that uses every core of
 With several, that many calls run at once, each on a single-threaded engine: a single-threaded
 call never waits at a barrier for a thread that another process has taken the core from, and on
 these machines the raw engine itself is faster that way (make bench's raw figures time both
-layouts, loadtests/README.md). A call that is alone (nothing else held, running or
-queued) runs on the batcher's ``solo`` engine instead, which uses every lane's
-core: a lone request is as fast as with one wide lane.
+layouts, loadtests/README.md). A call that is alone (nothing else held, running or queued) runs
+on the batcher's ``solo`` engine instead, which uses every lane's core: a lone request is as fast
+as with one wide lane.
 """
 
 from __future__ import annotations
@@ -306,10 +305,7 @@ class Batcher:
                 request.future.set_exception(DeadlineExceeded(1, "deadline passed while queued"))
         live = [(r, row) for r, row in rows if not r.future.done()]
         if len(live) < len(rows):  # started when taken, never run: no longer the instance's work
-            self.admission.finished(
-                sum(len(r.sequences[row]) for r, row in rows)
-                - sum(len(r.sequences[row]) for r, row in live)
-            )
+            self.admission.finished(sum(len(r.sequences[i]) for r, i in rows if r.future.done()))
         if not live:
             self._held, self._held_tokens, self._rest = [], 0, []
             return None
