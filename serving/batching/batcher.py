@@ -275,15 +275,17 @@ class Batcher:
         """The next engine call: the rows held back from earlier rounds and a round newly taken
         from the queue, planned together; the call that holds the oldest row goes, the others'
         rows are held for the next free lane. So every call is cut from all the rows waiting,
-        not only from those that arrived while the last round's calls were placed. Rounds were
-        ~17 sentences at 64 chat users, and the engine serves more from rounds of 32-64
-        (``python -m loadtests.round_size``, on a 2-core host: 235 sentences/s from rounds of
-        17, 251 and 244 from 32 and 64, 274 from 2000 texts planned at once). Against the batcher
-        that planned each round alone (``python -m loadtests.ab e109027 --users 16,64 --rounds 4
-        --workloads chat,bulk``, medians): chat 1.08x the sentences/s at 16 users and 0.99x at
-        64 (there the requests that wait are in the tokenizer's queue, not here), bulk 1.05x at
-        both, the engine's CPU a sentence 0-6 % less, the main thread's 0.96-1.14x. None when
-        every row has gone.
+        not only from those that arrived while the last round's calls were placed. The engine
+        serves more from larger rounds (``python -m loadtests.round_size``, on a 2-core host: 235
+        sentences/s from rounds of 17, 251 and 244 from 32 and 64, 274 from 2000 texts planned
+        at once). Against the batcher that planned each round alone (``python -m loadtests.ab
+        e109027 --users 16,64 --rounds 4 --workloads chat,bulk``, medians): chat 1.08x the
+        sentences/s at 16 users and 0.99x at 64, bulk 1.05x at both, the engine's CPU a sentence
+        0-6 % less, the main thread's 0.96-1.14x. At 64 chat users the calls held ~6 rows, 0.89
+        of their padded tokens real, with either batcher (``bundle_batch_rows`` and
+        ``bundle_padding_efficiency``, 3 interleaved points of 15 s each): about what rounds of
+        32 give, as the requests that wait there are in the tokenizer's queue, not here. None
+        when every row has gone.
 
         The plan runs on the event loop's thread, up to ~1 ms for a bulk round, so it is kept
         when nothing was added or dropped since (the rest of the last plan is still a plan of the
