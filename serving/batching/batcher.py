@@ -3,11 +3,11 @@
 Whenever a lane can take work, the loop takes a *round* from the token queue (queue.py; only while
 the rows held fall below half of ``round_tokens``), plans it together with the rows still held from
 earlier rounds (``grouping.plan``: sorted by length, padded-token budget, dynamic padding) and
-hands the lane one call: the one that holds the oldest row. The other rows are held for the next free lane, where the requests that arrived meanwhile
-join them: every call is cut from all the rows waiting, and the oldest always goes next. Each
-request is answered as soon as its last row is done. While the lanes work, new requests queue up,
-so batches grow with load and a lone request is never made to wait for company. An engine call
-whose requests have all gone is skipped before it costs engine time.
+hands the lane one call: the one that holds the oldest row. The other rows are held for the next
+free lane, where the requests that arrived meanwhile join them, and the oldest always goes next.
+Each request is answered as soon as its last row is done. While the lanes work, new requests
+queue up, so batches grow with load and a lone request is never made to wait for company. An
+engine call whose requests have all gone is skipped before it costs engine time.
 
 Lanes (``Lanes``): the engine threads of a runner instance, shared by its batchers (one per model).
 With one lane, calls run one after another on one engine that uses every core of the instance.
@@ -274,25 +274,26 @@ class Batcher:
     def _next_call(self) -> _Call | None:
         """The next engine call: the rows held back from earlier rounds and a round newly taken
         from the queue, planned together; the call that holds the oldest row goes, the others'
-        rows are held for the next free lane. So every call is cut from all the rows waiting,
-        not only from those that arrived while the last round's calls were placed. The engine
-        serves more from larger rounds (``python -m loadtests.round_size``, on a 2-core host: 235
-        sentences/s from rounds of 17, 251 and 244 from 32 and 64, 274 from 2000 texts planned
-        at once). Against the batcher that planned each round alone (``python -m loadtests.ab
-        e109027 --users 16,64 --rounds 4 --workloads chat,bulk``, medians): chat 1.08x the
-        sentences/s at 16 users and 0.99x at 64, bulk 1.05x at both, the engine's CPU a sentence
-        0-6 % less, the main thread's 0.96-1.14x. At 64 chat users the calls held ~6 rows, 0.89
-        of their padded tokens real, with either batcher (``bundle_batch_rows`` and
-        ``bundle_padding_efficiency``, 3 interleaved points of 15 s each): about what rounds of
-        32 give, as the requests that wait there are in the tokenizer's queue, not here. None
-        when every row has gone.
+        rows are held for the next free lane. So a call is cut from the rows held and the new
+        round together, not only from those that arrived while the last round's calls were
+        placed. The engine serves more from rounds of 32-64 than of 17 (``python -m
+        loadtests.round_size``, on a 2-core host: 235 sentences/s from rounds of 17, 251 and 244
+        from 32 and 64, 274 from 2000 texts planned at once). Against the batcher that planned
+        each round alone (``python -m loadtests.ab e109027 --users 16,64 --rounds 4 --workloads
+        chat,bulk``, medians): chat 1.08x the sentences/s at 16 users and 0.99x at 64, bulk
+        1.05x at both, the engine's CPU a request 0.94-1.00x, the main thread's 0.96-1.14x. At
+        64 chat users the calls held ~6 rows with either batcher (``bundle_batch_rows``, 3
+        interleaved points of 15 s each), as rounds of 32 give offline: likely because most of
+        the requests that wait there are in the tokenizer's queue, not here (not measured).
+        None when every row has gone.
 
         The plan runs on the event loop's thread, up to ~1 ms for a bulk round, so it is kept
         when nothing was added or dropped since (the rest of the last plan is still a plan of the
         rows held), and the queue tops up the rows held only once they fall below half of
         ``round_tokens``: with a deep queue, rows are planned about once for each half round
-        taken, not once for each call (replanning at every call had doubled the main thread's
-        CPU a bulk request, 1.43 to 2.71 ms, ``python -m loadtests.ab``). The rows planned
+        taken, not once for each call (the first version, which took from the queue and planned
+        again at every call, had the main thread's CPU a bulk request at 1.90x, 1.43 to 2.71 ms,
+        ``python -m loadtests.ab``). The rows planned
         together can exceed ``round_tokens`` by at most a request: ``take`` hands over a request
         larger than the room left when it is the first."""
         p = self.policy
