@@ -1,10 +1,11 @@
 """Length-aware grouping: split a set of sequences into engine calls under a padded-token budget.
 
-Pure functions, no I/O. Measured on this CPU (ONNX Runtime, 2 threads), one engine call costs
-about 1.7 ms plus one padded token per ~52 µs (19k tokens/s), and throughput falls for calls much
-over ~1024 padded tokens. So the sequences are sorted by length and cut into contiguous groups
-that minimise  sum(call_overhead + rows x width)  with rows x width <= max_tokens: few calls, little
-padding. A single sequence longer than the budget still gets a group of its own (it is served).
+Pure functions, no I/O. Measured on an early 2-core host (ONNX Runtime, 2 threads), one engine
+call costs about 1.7 ms plus one padded token per ~52 µs (19k tokens/s), and throughput falls for
+calls much over ~1024 padded tokens. So the sequences are sorted by length and cut into
+contiguous groups that minimise  sum(call_overhead + rows x width)  with rows x width <=
+max_tokens: few calls, little padding. A single sequence longer than the budget still gets a group
+of its own (it is served).
 """
 
 from __future__ import annotations
