@@ -10,7 +10,12 @@ each time it plans; the runner's batcher carries rows it holds into its next pla
 sees is what waits there. The last row, "all", plans every drawn text at once, as raw does.
 Round sizes interleaved; medians of the repeats, each on a fresh draw.
 
+``--call-cost`` measures instead what the planner's ``call_overhead_tokens`` weighs: the lane
+session's CPU a call (its thread's, medians of 7) over shapes of 1-32 rows of 8-32 tokens, fitted
+as a fixed cost a call plus a cost a padded token; their quotient is the call's cost in tokens.
+
     python -m loadtests.round_size [--model minilm-onnx] [--rounds 4,8,17,32,64] [--repeats 3]
+    python -m loadtests.round_size --call-cost [--model minilm-onnx]
 """
 
 from __future__ import annotations
@@ -20,7 +25,9 @@ import os
 import random
 import statistics
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
 from serving.batching import Policy
 from serving.batching.grouping import efficiency, plan
@@ -47,6 +54,27 @@ def round_calls(
     return batches, efficiency(lengths, groups)
 
 
+def call_cost(
+    engine: Callable[[Any], Any], pad: Callable[[list[list[int]]], Any]
+) -> tuple[float, float]:
+    """(seconds a call, seconds a padded token): a least-squares line through the engine's thread
+    CPU a call at each shape (medians of 7 calls, after one to warm the shape up)."""
+    tokens, seconds = [], []
+    for width in (8, 16, 32):
+        for rows in (1, 2, 4, 8, 16, 32):
+            feeds = pad([[101] + [1000] * (width - 2) + [102]] * rows)
+            engine(feeds)
+            times = []
+            for _ in range(7):
+                started = time.thread_time()
+                engine(feeds)
+                times.append(time.thread_time() - started)
+            tokens.append(rows * width)
+            seconds.append(statistics.median(times))
+    per_token, per_call = statistics.linear_regression(tokens, seconds)
+    return per_call, per_token
+
+
 def main() -> None:
     from models import corpus, store
     from runners.onnx.settings import OnnxRunnerSettings
@@ -59,6 +87,11 @@ def main() -> None:
     parser.add_argument("--rounds", default="4,8,17,32,64", help="round sizes, comma-separated")
     parser.add_argument("--texts", type=int, default=2000, help="texts drawn per measurement")
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument(
+        "--call-cost",
+        action="store_true",
+        help="fit a call's CPU as a fixed cost + a padded token's",
+    )
     args = parser.parse_args()
 
     policy = OnnxRunnerSettings().policy
@@ -69,6 +102,14 @@ def main() -> None:
         threads=1,
         providers=["CPUExecutionProvider"],
     )
+    if args.call_cost:
+        per_call, per_token = call_cost(lane, pad)
+        print(
+            f"{args.model}, a one-thread lane: {per_call * 1e3:.2f} ms a call + "
+            f"{per_token * 1e6:.1f} us a padded token = {per_call / per_token:.1f} padded tokens "
+            f"a call (the runner weighs {policy.call_overhead_tokens})"
+        )
+        return
     tokenizer = load_tokenizer(store.path_of(contracts.TOKENIZER) / "tokenizer.json")
     ids = tokenize(tokenizer, corpus.load_texts())
     lane(pad(ids[:32]))  # warm-up: allocations, kernel choice

@@ -29,6 +29,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import partial
+from operator import itemgetter
 from typing import Any
 
 import numpy as np
@@ -283,8 +284,11 @@ class Batcher:
         chat,bulk``, medians): chat 1.08x the sentences/s at 16 users and 0.99x at 64, bulk
         1.05x at both, the engine's CPU a request 0.94-1.00x, the main thread's 0.96-1.14x. At
         64 chat users the calls held ~6 rows with either batcher (``bundle_batch_rows``, 3
-        interleaved points of 15 s each), as rounds of 32 give offline: likely because most of
-        the requests that wait there are in the tokenizer's queue, not here (not measured).
+        interleaved points of 15 s each). The rows are there: the tokenizer sends ~29 chat
+        sentences a call (the runner's /metrics, ``bentoml_service_request_total`` of /embed:
+        0.034-0.035 calls a chat request over 2 points of 15 s, on the Intel host of 2026-11-28),
+        and the planner cut them into calls of ~6 rows as it cuts rounds of 29 offline (5.7 rows a
+        call at the weight of 32 tokens a call it then had, ``grouping.CALL_OVERHEAD_TOKENS``).
         None when every row has gone.
 
         The plan runs on the event loop's thread, up to ~1 ms for a bulk round, so it is kept
@@ -301,18 +305,28 @@ class Batcher:
         if 2 * self._held_tokens < p.round_tokens:
             taken = self.queue.take(p.round_tokens - self._held_tokens)
         rows = self._held + [m for r in taken for m in r.rows_of()]
+        tokens = self._held_tokens + sum(r.tokens for r in taken)
+        # Each request is looked at once, not once a row: its rows share its future and deadline,
+        # and one call from the tokenizer holds a few dozen chat sentences.
         now = clock()
-        for request, _ in rows:
-            if not request.future.done() and now > request.deadline:
+        gone = False
+        for request in dict.fromkeys(map(itemgetter(0), rows)):
+            if request.future.done():
+                gone = True
+            elif now > request.deadline:
+                gone = True
                 self.recorder.shed("deadline")
                 request.future.set_exception(DeadlineExceeded(1, "deadline passed while queued"))
-        live = [(r, row) for r, row in rows if not r.future.done()]
-        if len(live) < len(rows):  # started when taken, never run: no longer the instance's work
-            self.admission.finished(sum(len(r.sequences[i]) for r, i in rows if r.future.done()))
+        live = rows
+        if gone:  # started when taken, never run: no longer the instance's work
+            live = [(r, row) for r, row in rows if not r.future.done()]
+            left = sum(len(r.sequences[row]) for r, row in live)
+            self.admission.finished(tokens - left)
+            tokens = left
         if not live:
             self._held, self._held_tokens, self._rest = [], 0, []
             return None
-        if taken or len(live) < len(rows) or not self._rest:
+        if taken or gone or not self._rest:
             lengths = [len(r.sequences[row]) for r, row in live]
             groups = plan(lengths, p.max_batch_tokens, p.max_batch_rows, p.call_overhead_tokens)
             cuts = [[live[k] for k in g.indices] for g in groups]  # each sorted by length
@@ -322,9 +336,10 @@ class Batcher:
         chosen = set(first)
         self._rest = [cut for cut in cuts if cut is not first]
         self._held = [m for m in live if m not in chosen]
-        self._held_tokens = sum(len(r.sequences[row]) for r, row in self._held)
         widths = [len(r.sequences[row]) for r, row in first]
-        return _Call(first, len(first) * max(widths), sum(widths))
+        real = sum(widths)
+        self._held_tokens = tokens - real
+        return _Call(first, len(first) * max(widths), real)
 
     async def _place(self, call: _Call) -> None:
         """Hand ``call`` to a lane (its first slot already held), or to the solo engine."""
@@ -374,7 +389,7 @@ class Batcher:
         self._answered.set()
         self.lanes.done(held)
         self.admission.finished(call.real)
-        requests = list({id(r): r for r, _ in call.members}.values())
+        requests = list(dict.fromkeys(map(itemgetter(0), call.members)))  # each once, in order
         if error is not None:  # the engine failed: fail this call's requests, keep serving
             fail(requests, error)
             return

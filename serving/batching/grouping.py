@@ -1,8 +1,8 @@
 """Length-aware grouping: split a set of sequences into engine calls under a padded-token budget.
 
-Pure functions, no I/O. Measured on an early 2-core host (ONNX Runtime, 2 threads), one engine
-call costs about 1.7 ms plus one padded token per ~52 µs (19k tokens/s), and throughput falls for
-calls much over ~1024 padded tokens. So the sequences are sorted by length and cut into
+Pure functions, no I/O. An engine call costs a fixed amount plus an amount per padded token
+(``CALL_OVERHEAD_TOKENS`` weighs the two), and throughput falls for calls much over ~1024 padded
+tokens. So the sequences are sorted by length and cut into
 contiguous groups that minimise  sum(call_overhead + rows x width)  with rows x width <=
 max_tokens: few calls, little padding. A single sequence longer than the budget still gets a group
 of its own (it is served).
@@ -13,8 +13,17 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-# One call's fixed cost expressed in padded tokens: 1.7 ms x 19k tokens/s.
-CALL_OVERHEAD_TOKENS = 32
+# One call's fixed cost expressed in padded tokens. It was 32, from an early 2-core host's engine
+# on 2 threads (1.7 ms a call x 19k tokens/s). The runners now run one-thread sessions on parallel
+# lanes, where a token costs more against the call. On the Intel host of 2026-11-28 a one-thread
+# session's CPU a call fitted 1.0-1.4 ms + 143-152 us a padded token for fp32, 7-9 tokens a call,
+# and 2-4 tokens for int8 (python -m loadtests.round_size --call-cost, three runs each: the fixed
+# part is noisy). What the weight buys is throughput: at 64 chat users the runner plans ~29 rows at
+# a time, and rounds of 29 served (--rounds 29, medians of 3) fp32 449/450/~430 and int8
+# 1148/1137/1089 sentences/s at 8/16/32. 16 serves as 8 does with fewer calls, each of which costs
+# the runner's event loop and lanes CPU around the engine; against 32, the whole graph served 1.016x
+# at chat and 1.065x at bulk, 64 users (python -m loadtests.ab, 3 interleaved rounds each).
+CALL_OVERHEAD_TOKENS = 16
 
 
 @dataclass(frozen=True)
