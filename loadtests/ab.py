@@ -8,7 +8,8 @@ mid-run slows both. Chat by default; ``--workloads chat,bulk`` adds bulk points 
 request, run 3x as long, as ``make bench`` runs them). Prints each round, then medians over the
 rounds of throughput, p50 and CPU per request (the tokenizer process and the ONNX runner's main
 thread from /proc; the runner's CPU outside and inside its engine calls, from /proc and the
-runner's engine counter, NaN for a tree without it) and the sum of requests failed or shed, with head/base
+runner's engine counter, NaN for a tree without it), the sum of requests failed or shed, and the
+ONNX runner's rows a call from the tokenizer and an engine call (its /metrics), with head/base
 ratios. Each point is ``make bench``'s own (``points.point``, its request bodies rewritten under
 build/bench/bodies), so the two are not run at once. The venv is this checkout's: a dependency
 change is not compared.
@@ -19,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import math
 import shlex
 import statistics
@@ -26,7 +28,7 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-from loadtests import loadgen, points
+from loadtests import cpu, loadgen, points
 from loadtests.processes import BIN, ROOT, Server, adopt_orphans, free_port, own_home
 
 OUT = ROOT / "build" / "ab"
@@ -44,6 +46,11 @@ class Sample:
     runner_serving_ms: float
     engine_ms: float
     not_ok: int  # requests failed or shed: a change that sheds is a result, not a crash
+    # The ONNX runner's batching over the point (its /metrics, read just before and after): the
+    # sentences a call from the tokenizer brought it, and the rows of each engine call cut from
+    # them. NaN where not read, or for a tree without the counters.
+    rows_a_runner_call: float = math.nan
+    rows_an_engine_call: float = math.nan
 
 
 def sample(point: points.Point) -> Sample:
@@ -59,6 +66,16 @@ def sample(point: points.Point) -> Sample:
         runner.get("engine_ms", math.nan),
         point.failures + point.shed,
     )
+
+
+def shape(before: cpu.Batching, after: cpu.Batching) -> dict[str, float]:
+    """``Sample``'s batching figures from two readings of the runner's counters."""
+    calls, engine_calls = after.calls - before.calls, after.engine_calls - before.engine_calls
+    rows = after.rows - before.rows
+    return {
+        "rows_a_runner_call": rows / calls if calls else math.nan,
+        "rows_an_engine_call": rows / engine_calls if engine_calls else math.nan,
+    }
 
 
 def summary(base: list[Sample], head: list[Sample]) -> list[tuple[str, float, float, float]]:
@@ -149,14 +166,18 @@ def main(argv: list[str] | None = None) -> int:
                         # requests were still shed in some rounds, in both trees.
                         loadgen.run(server.url, "/embed", bodies[w], 16, 5)
                     drained(servers)  # no backlog left to take the cores
+                    # Read outside the point's own CPU readings, so not counted in its figures.
+                    before = cpu.batching(server.url)
                     s = sample(points.point(server, name, w, u, seconds))
+                    s = dataclasses.replace(s, **shape(before, cpu.batching(server.url)))
                     samples[(name, w, u)].append(s)
                     print(
                         f"[{round_ + 1}/{args.rounds}] {name:>13} {w} {u:>3} users: "
                         f"{s.sentences_per_s:6.1f}/s p50 {s.p50_ms:7.2f} ms, CPU ms a request: "
                         f"tokenizer {s.tokenizer_ms:.3f}, runner main {s.runner_main_ms:.3f}, "
                         f"outside the engine {s.runner_serving_ms:.3f}, engine {s.engine_ms:.3f}; "
-                        f"failed or shed {s.not_ok}",
+                        f"rows a runner call {s.rows_a_runner_call:.1f}, an engine call "
+                        f"{s.rows_an_engine_call:.1f}; failed or shed {s.not_ok}",
                         flush=True,
                     )
     for w, u in cases:

@@ -54,6 +54,8 @@ def machine(cpuinfo: str | None = None) -> str:
 
 TICKS = os.sysconf("SC_CLK_TCK")
 ENGINE_CPU = "bundle_engine_cpu_seconds"  # the runners' counter of their engines' CPU
+REQUESTS = "bentoml_service_request"  # BentoML's request counter, every service's
+ROWS = "bundle_batch_rows"  # the runners' histogram of sequences an engine call
 
 
 @dataclass(frozen=True)
@@ -146,6 +148,41 @@ def engine_seconds_in(exposition: str) -> dict[str, float]:
                 if sample.name == f"{ENGINE_CPU}_total":
                     out[sample.labels["runner"]] += sample.value
     return dict(out)
+
+
+@dataclass(frozen=True)
+class Batching:
+    """What a runner's batching has done so far, from the counters on ``/metrics``."""
+
+    calls: float  # HTTP calls answered on the route (BentoML's request counter, any status)
+    engine_calls: float  # ``bundle_batch_rows``' count: one a call
+    rows: float  # its sum: the sequences those calls held
+
+
+def batching(url: str, runner: str = "onnx_runner", route: str = "/embed") -> Batching:
+    """``batching_in`` of the server's ``/metrics`` (a graph's front service has every service's
+    series, as for ``engine_seconds``)."""
+    with urllib.request.urlopen(f"{url}/metrics", timeout=30) as resp:
+        return batching_in(resp.read().decode(), runner, route)
+
+
+def batching_in(exposition: str, runner: str = "onnx_runner", route: str = "/embed") -> Batching:
+    """A runner's calls on ``route``, engine calls and their rows, its models added up. A runner
+    service's request series carry its name in ``runner_name`` (BentoML's runner traffic
+    metrics); the front service's own requests on the same route have no such label."""
+    calls = engine_calls = rows = 0.0
+    for family in text_string_to_metric_families(exposition):
+        for sample in family.samples:
+            labels = sample.labels
+            if sample.name == f"{REQUESTS}_total":
+                if labels.get("runner_name") == runner and labels.get("endpoint") == route:
+                    calls += sample.value
+            elif family.name == ROWS and labels.get("runner") == runner:
+                if sample.name == f"{ROWS}_count":
+                    engine_calls += sample.value
+                elif sample.name == f"{ROWS}_sum":
+                    rows += sample.value
+    return Batching(calls, engine_calls, rows)
 
 
 def per_request(

@@ -10,9 +10,12 @@ each time it plans; the runner's batcher carries rows it holds into its next pla
 sees is what waits there. The last row, "all", plans every drawn text at once, as raw does.
 Round sizes interleaved; medians of the repeats, each on a fresh draw.
 
-``--call-cost`` measures instead what the planner's ``call_overhead_tokens`` weighs: the lane
-session's CPU a call (its thread's, medians of 7) over shapes of 1-32 rows of 8-32 tokens, fitted
-as a fixed cost a call plus a cost a padded token; their quotient is the call's cost in tokens.
+``--call-cost`` measures instead the two parts of an engine call that the planner's
+``call_overhead_tokens`` weighs against each other: the lane session's CPU a call (its thread's,
+medians of 7, one lane running alone) over shapes of up to 256 padded tokens (chat calls hold ~100),
+fitted as a fixed part a call plus a part a padded token; their quotient is the fixed part in
+padded tokens. The engine call only: the runner's own CPU around each call (its event loop, the
+lane's padding and hand-offs) is not in it, and is one more reason for fewer calls.
 
     python -m loadtests.round_size [--model minilm-onnx] [--rounds 4,8,17,32,64] [--repeats 3]
     python -m loadtests.round_size --call-cost [--model minilm-onnx]
@@ -58,10 +61,11 @@ def call_cost(
     engine: Callable[[Any], Any], pad: Callable[[list[list[int]]], Any]
 ) -> tuple[float, float]:
     """(seconds a call, seconds a padded token): a least-squares line through the engine's thread
-    CPU a call at each shape (medians of 7 calls, after one to warm the shape up)."""
+    CPU a call at each shape of up to 256 padded tokens (medians of 7 calls, after one to warm the
+    shape up)."""
     tokens, seconds = [], []
     for width in (8, 16, 32):
-        for rows in (1, 2, 4, 8, 16, 32):
+        for rows in [r for r in (1, 2, 4, 8, 16, 32) if r * width <= 256]:
             feeds = pad([[101] + [1000] * (width - 2) + [102]] * rows)
             engine(feeds)
             times = []
@@ -90,7 +94,8 @@ def main() -> None:
     parser.add_argument(
         "--call-cost",
         action="store_true",
-        help="fit a call's CPU as a fixed cost + a padded token's",
+        help="fit the engine's CPU a call as a fixed part + a part a padded token, and print it "
+        "(the other options do not apply)",
     )
     args = parser.parse_args()
 
@@ -107,7 +112,7 @@ def main() -> None:
         print(
             f"{args.model}, a one-thread lane: {per_call * 1e3:.2f} ms a call + "
             f"{per_token * 1e6:.1f} us a padded token = {per_call / per_token:.1f} padded tokens "
-            f"a call (the runner weighs {policy.call_overhead_tokens})"
+            f"a call, the engine alone (the planner's weight: {policy.call_overhead_tokens})"
         )
         return
     tokenizer = load_tokenizer(store.path_of(contracts.TOKENIZER) / "tokenizer.json")

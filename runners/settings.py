@@ -40,8 +40,9 @@ class RunnerSettings(ServiceSettings):
     call_overhead_tokens: int = Field(
         CALL_OVERHEAD_TOKENS,
         ge=1,
-        description="An engine call's fixed cost in padded tokens; the grouper weighs it against padding. "
-        "Higher values give fewer, larger calls.",
+        description="The weight of one engine call in padded tokens, against the padding it saves: "
+        "higher values give fewer, larger calls. One for every model of the runner; the default is "
+        "tuned on measured throughput (serving/batching/grouping.py).",
     )
     timeout_s: float = Field(
         30.0, gt=0, description="BentoML traffic timeout for one request to this runner."

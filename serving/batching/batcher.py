@@ -284,12 +284,12 @@ class Batcher:
         chat,bulk``, medians): chat 1.08x the sentences/s at 16 users and 0.99x at 64, bulk
         1.05x at both, the engine's CPU a request 0.94-1.00x, the main thread's 0.96-1.14x. At
         64 chat users the calls held ~6 rows with either batcher (``bundle_batch_rows``, 3
-        interleaved points of 15 s each). The rows are there: the tokenizer sends ~29 chat
-        sentences a call (the runner's /metrics, ``bentoml_service_request_total`` of /embed:
-        0.034-0.035 calls a chat request over 2 points of 15 s, on the Intel host of 2026-11-28),
-        and the planner cut them into calls of ~6 rows as it cuts rounds of 29 offline (5.7 rows a
-        call at the weight of 32 tokens a call it then had, ``grouping.CALL_OVERHEAD_TOKENS``).
-        None when every row has gone.
+        interleaved points of 15 s each), at the planner's weight of 32 padded tokens a call. The
+        rows are there: the tokenizer brings 21-31 chat sentences a runner call, and the planner
+        cut them into calls of ~6 rows, as it cuts rounds of 29 offline (5.7 rows a call); at the
+        weight of 16 (``grouping.CALL_OVERHEAD_TOKENS``), ~4.9 rows (``python -m loadtests.ab
+        fa1ef03 --users 64 --workloads chat,bulk --rounds 3``: "rows a runner call", "an engine
+        call", on the Intel host of 2026-11-28). None when every row has gone.
 
         The plan runs on the event loop's thread, up to ~1 ms for a bulk round, so it is kept
         when nothing was added or dropped since (the rest of the last plan is still a plan of the
@@ -374,7 +374,7 @@ class Batcher:
         """Refuse the rows held back and not placed (closing): their requests are answered."""
         if self._held_tokens:
             self.admission.finished(self._held_tokens)
-        fail(list({id(r): r for r, _ in self._held}.values()), DeadlineExceeded(1, reason))
+        fail(list(dict.fromkeys(map(itemgetter(0), self._held))), DeadlineExceeded(1, reason))
         self._held, self._held_tokens, self._rest = [], 0, []
 
     def _answer(

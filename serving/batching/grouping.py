@@ -13,16 +13,24 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-# One call's fixed cost expressed in padded tokens. It was 32, from an early 2-core host's engine
-# on 2 threads (1.7 ms a call x 19k tokens/s). The runners now run one-thread sessions on parallel
-# lanes, where a token costs more against the call. On the Intel host of 2026-11-28 a one-thread
-# session's CPU a call fitted 1.0-1.4 ms + 143-152 us a padded token for fp32, 7-9 tokens a call,
-# and 2-4 tokens for int8 (python -m loadtests.round_size --call-cost, three runs each: the fixed
-# part is noisy). What the weight buys is throughput: at 64 chat users the runner plans ~29 rows at
-# a time, and rounds of 29 served (--rounds 29, medians of 3) fp32 449/450/~430 and int8
-# 1148/1137/1089 sentences/s at 8/16/32. 16 serves as 8 does with fewer calls, each of which costs
-# the runner's event loop and lanes CPU around the engine; against 32, the whole graph served 1.016x
-# at chat and 1.065x at bulk, 64 users (python -m loadtests.ab, 3 interleaved rounds each).
+# One call's weight in padded tokens, against the padding a larger call carries; one weight for
+# every model of a runner. It was 32, from an early 2-core host's engine on 2 threads (1.7 ms a call
+# x 19k tokens/s). 16 since 2026-11-28, measured on that day's Intel host, the runners on one-thread
+# lanes:
+# - throughput: at 64 chat users the tokenizer brought the runner 21-31 sentences a call (make ab
+#   prints "rows a runner call"), and rounds of 29 (BUNDLE_ONNX_CALL_OVERHEAD_TOKENS=<w> python -m
+#   loadtests.round_size --rounds 29, medians of 3) served fp32 449, 450 and 426-433 (two runs)
+#   and int8 1148, 1137 and 1089 sentences/s at weights 8, 16 and 32, in calls of 3.4, 4.4 and 5.7
+#   rows;
+# - the engine alone: a one-thread lane's CPU a call fitted a fixed part of 9-21 padded tokens for
+#   fp32 and 8-10 for int8 (round_size --call-cost, three runs each: the fixed part is noisy);
+# - 16 rather than 8: about the same throughput in fewer calls, and each call also costs the
+#   runner's event loop and lanes CPU around the engine, which the fit leaves out.
+# In the whole graph against 32 (with the batcher's change to _next_call of the same commit;
+# python -m loadtests.ab fa1ef03 --workloads chat,bulk --rounds 3, with --users 1,64 then 64): chat 1.016x
+# and 1.032x the sentences/s at 64 users, every round ahead; bulk 1.020x and 1.000x; the runner's
+# CPU outside the engine a request 1.028x and 0.967x at chat, 1.069x and 1.136x at bulk (more
+# calls: 4.9 rows each at chat against 6.2, 15 at bulk against 20).
 CALL_OVERHEAD_TOKENS = 16
 
 

@@ -282,6 +282,58 @@ def test_rows_held_over_half_a_round_are_planned_before_the_queue_is_taken_from(
     assert engine.seen == [1, 2, 3, 4, 9]
 
 
+def test_the_tokens_held_are_the_held_rows_tokens_after_every_call_rows_gone_included() -> None:
+    """The batcher keeps the tokens it holds by subtraction, not by summing its rows each call: a
+    drift would gate the queue's top-up wrongly and leave admission counting work never run. A
+    request cut into three calls counts three."""
+    from serving.batching import Lanes
+
+    engine = FakeEngine(delay_s=0.1)
+    checked = []
+
+    async def main():
+        batcher = Batcher(engine, Policy(max_batch_rows=1, round_tokens=20), lanes=Lanes(1))
+        next_call = batcher._next_call
+
+        def checking():
+            call = next_call()
+            held = sum(len(r.sequences[row]) for r, row in batcher._held)
+            checked.append((batcher._held_tokens, held))
+            return call
+
+        batcher._next_call = checking
+        blocker = asyncio.create_task(batcher.submit([[1] * 5]))
+        await asyncio.sleep(0.02)
+        three = asyncio.create_task(batcher.submit([[2] * 5, [3] * 4, [4] * 3]))
+        gone = asyncio.create_task(batcher.submit([[5] * 2, [6] * 2]))
+        await asyncio.sleep(0.02)
+        gone.cancel()  # its rows are held: planned out when the lane frees
+        later = asyncio.create_task(batcher.submit([[7] * 6]))
+        await blocker
+        (_, timing), _ = await asyncio.gather(three, later)
+        await batcher.close()
+        return timing, batcher.admission
+
+    timing, admission = run(main())
+    assert checked and all(kept == held for kept, held in checked)
+    assert 5 not in engine.seen and 6 not in engine.seen and engine.seen[-1] == 7
+    assert timing.engine_calls == 3
+    assert (admission.waiting, admission.running) == (0, 0)
+
+
+def test_a_call_counts_once_for_each_request_in_it_whatever_its_rows() -> None:
+    engine = FakeEngine()
+
+    async def main():
+        batcher = Batcher(engine, Policy())
+        _, timing = await batcher.submit([[1] * 3, [2] * 3, [3] * 3])
+        await batcher.close()
+        return timing
+
+    timing = run(main())
+    assert engine.calls == [(3, 3)] and timing.engine_calls == 1
+
+
 def test_queue_full_gives_429_with_retry_after() -> None:
     engine = FakeEngine(delay_s=0.05)
 

@@ -30,6 +30,33 @@ def test_the_engine_counter_is_read_per_runner_with_its_models_added_up() -> Non
     assert cpu.engine_seconds_in("# no such series\n") == {}
 
 
+BATCHING = """\
+# HELP bentoml_service_request_total Total number of runner RPC
+# TYPE bentoml_service_request_total counter
+bentoml_service_request_total{endpoint="/embed",http_response_code="200",runner_name="onnx_runner",service_name="x",service_version="1"} 30.0
+bentoml_service_request_total{endpoint="/embed",http_response_code="503",runner_name="onnx_runner",service_name="x",service_version="1"} 2.0
+bentoml_service_request_total{endpoint="/v1/models/minilm:predict",http_response_code="200",runner_name="onnx_runner",service_name="x",service_version="1"} 5.0
+bentoml_service_request_total{endpoint="/embed",http_response_code="200",runner_name="tf_runner",service_name="x",service_version="1"} 7.0
+bentoml_service_request_total{endpoint="/embed",http_response_code="200",service_name="x",service_version="1"} 900.0
+# HELP bundle_batch_rows Sequences per engine call
+# TYPE bundle_batch_rows histogram
+bundle_batch_rows_bucket{le="8.0",model="fp32",runner="onnx_runner"} 100.0
+bundle_batch_rows_count{model="fp32",runner="onnx_runner"} 150.0
+bundle_batch_rows_sum{model="fp32",runner="onnx_runner"} 800.0
+bundle_batch_rows_count{model="int8",runner="onnx_runner"} 10.0
+bundle_batch_rows_sum{model="int8",runner="onnx_runner"} 128.0
+bundle_batch_rows_count{model="minilm",runner="tf_runner"} 3.0
+bundle_batch_rows_sum{model="minilm",runner="tf_runner"} 9.0
+"""
+
+
+def test_a_runner_s_calls_engine_calls_and_rows_are_read_from_its_series_alone() -> None:
+    # The front service's own /embed requests (no runner_name) and other routes are not its calls.
+    assert cpu.batching_in(BATCHING) == cpu.Batching(calls=32.0, engine_calls=160.0, rows=928.0)
+    assert cpu.batching_in(BATCHING, "tf_runner") == cpu.Batching(7.0, 3.0, 9.0)
+    assert cpu.batching_in("# nothing\n") == cpu.Batching(0.0, 0.0, 0.0)
+
+
 def test_a_runner_s_cpu_is_split_into_engine_and_the_rest() -> None:
     before = {1: ("onnx_runner", Usage(1.0, 10.0)), 2: ("tokenizer", Usage(5.0, 0.0))}
     after = {1: ("onnx_runner", Usage(1.1, 13.3)), 2: ("tokenizer", Usage(5.3, 0.0))}
