@@ -162,14 +162,18 @@ class Batching:
 def batching(url: str, runner: str = "onnx_runner", route: str = "/embed") -> Batching:
     """``batching_in`` of the server's ``/metrics`` (a graph's front service has every service's
     series, as for ``engine_seconds``)."""
-    with urllib.request.urlopen(f"{url}/metrics", timeout=30) as resp:
-        return batching_in(resp.read().decode(), runner, route)
+    try:
+        with urllib.request.urlopen(f"{url}/metrics", timeout=30) as resp:
+            return batching_in(resp.read().decode(), runner, route)
+    except urllib.error.HTTPError:  # a server with no /metrics: nothing counted
+        return Batching(0.0, 0.0, 0.0)
 
 
 def batching_in(exposition: str, runner: str = "onnx_runner", route: str = "/embed") -> Batching:
-    """A runner's calls on ``route``, engine calls and their rows, its models added up. A runner
-    service's request series carry its name in ``runner_name`` (BentoML's runner traffic
-    metrics); the front service's own requests on the same route have no such label."""
+    """A runner's calls on ``route``, engine calls and their rows, its models added up. Every
+    service's request series carry its own name in ``runner_name`` (BentoML's traffic metrics),
+    so the front service's requests on the same route are told apart by it. Zeros where the
+    series are missing."""
     calls = engine_calls = rows = 0.0
     for family in text_string_to_metric_families(exposition):
         for sample in family.samples:

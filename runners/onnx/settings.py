@@ -5,6 +5,7 @@ from pydantic_settings import SettingsConfigDict
 
 from runners.settings import RunnerSettings
 from serving import contracts
+from serving.batching.grouping import CALL_OVERHEAD_TOKENS
 
 
 class OnnxRunnerSettings(RunnerSettings):
@@ -15,7 +16,7 @@ class OnnxRunnerSettings(RunnerSettings):
     fp32_model: str = Field(
         f"{contracts.ONNX_FP32}:latest",
         description="Model store tag served as backend 'onnx'. The plain export: ORT's transformer "
-        "optimiser (minilm-onnx-opt) measured 0.88-0.92x its speed on these CPUs.",
+        "optimiser (minilm-onnx-opt) measured 0.88-0.92x its speed (each build records its own in the model's metadata).",
     )
     int8_model: str = Field(
         f"{contracts.ONNX_INT8}:latest",
@@ -29,6 +30,13 @@ class OnnxRunnerSettings(RunnerSettings):
         "alone runs on a second session per model that uses every lane's core, so a lone request "
         "is not slowed: that costs the memory of a second session of each model (its weights and "
         "its arena again). 1: one session per model on intra_op_threads threads.",
+    )
+    call_overhead_tokens: int = Field(
+        CALL_OVERHEAD_TOKENS,
+        ge=1,
+        description="The weight of one engine call in padded tokens, against the padding it saves: "
+        "higher values give fewer, larger calls. One for both models; the default is tuned on "
+        "throughput with the default lanes (serving/batching/grouping.py).",
     )
     providers: list[str] = Field(
         ["CPUExecutionProvider"],

@@ -13,24 +13,28 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-# One call's weight in padded tokens, against the padding a larger call carries; one weight for
-# every model of a runner. It was 32, from an early 2-core host's engine on 2 threads (1.7 ms a call
-# x 19k tokens/s). 16 since 2026-11-28, measured on that day's Intel host, the runners on one-thread
-# lanes:
-# - throughput: at 64 chat users the tokenizer brought the runner 21-31 sentences a call (make ab
-#   prints "rows a runner call"), and rounds of 29 (BUNDLE_ONNX_CALL_OVERHEAD_TOKENS=<w> python -m
-#   loadtests.round_size --rounds 29, medians of 3) served fp32 449, 450 and 426-433 (two runs)
-#   and int8 1148, 1137 and 1089 sentences/s at weights 8, 16 and 32, in calls of 3.4, 4.4 and 5.7
-#   rows;
+# One call's weight in padded tokens, against the padding a larger call carries: plan()'s default,
+# and the ONNX runner's (the TF and tenant runners keep 32, runners/settings.py). It was 32, from an
+# early 2-core host's engine on 2 threads (1.7 ms a call x 19k tokens/s). 16 since 2026-11-28,
+# measured on that day's Intel host with the ONNX runner's default one-thread lanes:
+# - offline: at 64 chat users the tokenizer brought the runner 21-31 sentences a call, median ~23
+#   (make ab prints "rows a runner call"), and rounds of 29 (BUNDLE_ONNX_CALL_OVERHEAD_TOKENS=<w>
+#   python -m loadtests.round_size --rounds 29, medians of 3) served fp32 449, 450 and 426-433 (two
+#   runs) and int8 1148, 1137 and 1089 sentences/s at weights 8, 16 and 32, in calls of 3.4, 4.4
+#   and 5.7 rows (its table);
+# - the weight alone in the whole graph against 32 (python -m loadtests.ab fa1ef03 --users 64
+#   --workloads chat,bulk --rounds 3, the weight edited in the checkout): 8 served 1.029x at chat
+#   and 1.053x at bulk, 16 1.016x and 1.065x (a run when the host was faster: its base served 407
+#   chat sentences/s against 355);
 # - the engine alone: a one-thread lane's CPU a call fitted a fixed part of 9-21 padded tokens for
 #   fp32 and 8-10 for int8 (round_size --call-cost, three runs each: the fixed part is noisy);
 # - 16 rather than 8: about the same throughput in fewer calls, and each call also costs the
 #   runner's event loop and lanes CPU around the engine, which the fit leaves out.
-# In the whole graph against 32 (with the batcher's change to _next_call of the same commit;
-# python -m loadtests.ab fa1ef03 --workloads chat,bulk --rounds 3, with --users 1,64 then 64): chat 1.016x
-# and 1.032x the sentences/s at 64 users, every round ahead; bulk 1.020x and 1.000x; the runner's
-# CPU outside the engine a request 1.028x and 0.967x at chat, 1.069x and 1.136x at bulk (more
-# calls: 4.9 rows each at chat against 6.2, 15 at bulk against 20).
+# With the batcher's change to _next_call of the same commit, against 32 (the same ab, with
+# --users 1,64 then 64): chat 1.016x and 1.032x the sentences/s at 64 users, every round ahead;
+# bulk 1.020x and 1.000x. The runner's CPU outside the engine a request: chat 1.028x and 0.967x,
+# bulk 1.069x and 1.136x (likely the calls: 15 rows each at bulk against 20; at chat, 4.9 against
+# 6.2, it rose once and fell once).
 CALL_OVERHEAD_TOKENS = 16
 
 

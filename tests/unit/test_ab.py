@@ -45,6 +45,8 @@ def test_the_batching_shape_is_rows_over_calls_between_two_readings() -> None:
     before, after = cpu.Batching(10, 40, 300), cpu.Batching(20, 90, 590)
     assert ab.shape(before, after) == {"rows_a_runner_call": 29.0, "rows_an_engine_call": 5.8}
     assert all(math.isnan(v) for v in ab.shape(after, after).values())  # no call: no figure
+    # A runner without the rows histogram (an older tree): no figure, not 0 rows a call.
+    assert math.isnan(ab.shape(cpu.Batching(1, 0, 0), cpu.Batching(5, 0, 0))["rows_a_runner_call"])
 
 
 def _point(failures: int = 0, shed: int = 0) -> Point:

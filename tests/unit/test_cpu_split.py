@@ -37,7 +37,7 @@ bentoml_service_request_total{endpoint="/embed",http_response_code="200",runner_
 bentoml_service_request_total{endpoint="/embed",http_response_code="503",runner_name="onnx_runner",service_name="x",service_version="1"} 2.0
 bentoml_service_request_total{endpoint="/v1/models/minilm:predict",http_response_code="200",runner_name="onnx_runner",service_name="x",service_version="1"} 5.0
 bentoml_service_request_total{endpoint="/embed",http_response_code="200",runner_name="tf_runner",service_name="x",service_version="1"} 7.0
-bentoml_service_request_total{endpoint="/embed",http_response_code="200",service_name="x",service_version="1"} 900.0
+bentoml_service_request_total{endpoint="/embed",http_response_code="200",runner_name="tokenizer",service_name="x",service_version="1"} 900.0
 # HELP bundle_batch_rows Sequences per engine call
 # TYPE bundle_batch_rows histogram
 bundle_batch_rows_bucket{le="8.0",model="fp32",runner="onnx_runner"} 100.0
@@ -51,7 +51,7 @@ bundle_batch_rows_sum{model="minilm",runner="tf_runner"} 9.0
 
 
 def test_a_runner_s_calls_engine_calls_and_rows_are_read_from_its_series_alone() -> None:
-    # The front service's own /embed requests (no runner_name) and other routes are not its calls.
+    # The front service's own /embed requests (its own runner_name) and other routes are not.
     assert cpu.batching_in(BATCHING) == cpu.Batching(calls=32.0, engine_calls=160.0, rows=928.0)
     assert cpu.batching_in(BATCHING, "tf_runner") == cpu.Batching(7.0, 3.0, 9.0)
     assert cpu.batching_in("# nothing\n") == cpu.Batching(0.0, 0.0, 0.0)
