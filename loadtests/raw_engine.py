@@ -1,10 +1,11 @@
 """The limit: the engine in this process, no HTTP (tokenize + ONNX session), per backend.
 
 The best of every way to feed it over the load-test corpus: two kinds of plan — length-sorted
-batches of a fixed row count, and the stack's own planner (``serving.batching.plan``, at the
-runners' default weight a call, ``CALL_OVERHEAD_TOKENS``, so a record's raw figures plan as its
-commit's runners do) under a sweep of padded-token budgets — on two thread layouts — one session using every core, and one
-single-threaded session run on every core at once (the stack's lanes, serving/batching/batcher.py).
+batches of a fixed row count, and the stack's own planner (``serving.batching.plan``, at the ONNX
+runner's default weight a call, ``CALL_OVERHEAD_TOKENS``, so a record's raw figures plan as its
+commit's runner does) under a sweep of padded-token budgets — on two thread layouts — one
+session using every core, and one single-threaded session run on every core at once (the stack's
+lanes, serving/batching/batcher.py).
 Whichever the engine prefers as it changes, raw stays the best of all: a served figure above it
 means the limit is wrong, and the benchmark fails. The benchmark measures it at the start of its
 run and again at the end, and keeps the best of both (``best_of``): a host that is slower for a

@@ -13,9 +13,10 @@ Round sizes interleaved; medians of the repeats, each on a fresh draw.
 ``--call-cost`` measures instead the two parts of an engine call that the planner's
 ``call_overhead_tokens`` weighs against each other: the lane session's CPU a call (its thread's,
 medians of 7, one lane running alone) over shapes of up to 256 padded tokens (the size of chat's
-calls, not of bulk's), fitted as a fixed part a call plus a part a padded token; their quotient is the fixed part in
-padded tokens. The engine call only: the runner's own CPU around each call (its event loop, the
-lane's padding and hand-offs) is not in it, and is one more reason for fewer calls.
+calls, not of bulk's), fitted as a fixed part a call plus a part a padded token; their quotient
+is the fixed part in padded tokens. The engine call only: the runner's own CPU around each call
+(its event loop, the lane's padding and hand-offs) is not in it, and is one more reason for
+fewer calls.
 
     python -m loadtests.round_size [--model minilm-onnx] [--rounds 4,8,17,32,64] [--repeats 3]
     python -m loadtests.round_size --call-cost [--model minilm-onnx]

@@ -48,8 +48,8 @@ def run(recipes: Recipes, only: set[str], force: bool) -> None:
         fp32_tag = str(store.latest(contracts.ONNX_FP32).tag)
         step("onnx-opt", lambda: recipes.onnx_optimised(fp32 / "model.onnx"))
         # int8 is quantised from the plain fp32 graph: ORT's fused graph was no faster on the hosts
-        # it was built on (0.88-0.92x; 0.90x in the build of 2026-11-28, on the AVX-512 host), as each build
-        # records in minilm-onnx-opt's metadata (speed_vs_fp32).
+        # it was built on (0.88-0.92x; 0.90x in the build of 2026-11-28, on the AVX-512 host), as
+        # each build records in minilm-onnx-opt's metadata (speed_vs_fp32).
         step("onnx-int8", lambda: recipes.onnx_int8(fp32 / "model.onnx", fp32_tag))
     step("tf", recipes.tf)
     step("sentencepiece", recipes.sentencepiece)

@@ -16,7 +16,8 @@ class OnnxRunnerSettings(RunnerSettings):
     fp32_model: str = Field(
         f"{contracts.ONNX_FP32}:latest",
         description="Model store tag served as backend 'onnx'. The plain export: ORT's transformer "
-        "optimiser (minilm-onnx-opt) measured 0.88-0.92x its speed (each build records its own in the model's metadata).",
+        "optimiser (minilm-onnx-opt) measured 0.88-0.92x its speed (each build records its own in "
+        "the model's metadata).",
     )
     int8_model: str = Field(
         f"{contracts.ONNX_INT8}:latest",
