@@ -57,6 +57,16 @@ class Calls(NullRecorder):
         self.cpu.append(cpu_seconds)
 
 
+class Sheds(NullRecorder):
+    """Records why each request was shed."""
+
+    def __init__(self) -> None:
+        self.reasons: list[str] = []
+
+    def shed(self, reason: str) -> None:
+        self.reasons.append(reason)
+
+
 def run(coro):
     return asyncio.run(coro)
 
@@ -247,6 +257,40 @@ def test_a_held_row_whose_deadline_passes_fails_its_request_unrun() -> None:
 
     admission = run(main())
     assert engine.seen == [1]
+    assert (admission.waiting, admission.running) == (0, 0)
+
+
+def test_held_rows_past_their_deadline_are_failed_before_they_are_cut_into_a_call() -> None:
+    """Rows held for a free lane whose request's deadline has passed are refused when the next
+    call is chosen: not cut into a call and handed to a lane to be skipped there (only the count
+    of hand-offs tells the two apart: either way the request fails as late, unrun). All of the
+    request's rows are held, none in line, so its outcome does not depend on which of an in-line
+    call's answer and the next choice comes first (the race the test above rests on); its
+    deadline passes ~0.45 s before the lane frees."""
+    from serving.batching import Lanes
+
+    engine = FakeEngine(delay_s=0.6)
+    recorder = Sheds()
+
+    async def main():
+        batcher = Batcher(engine, Policy(max_batch_rows=1), lanes=Lanes(1), recorder=recorder)
+        handed = []
+        run_on_lane = batcher.lanes.run
+        batcher.lanes.run = lambda work, then: (handed.append(work), run_on_lane(work, then))
+        blocker = asyncio.create_task(batcher.submit([[1] * 5]))
+        await asyncio.sleep(0.05)  # on the lane
+        # One round: the oldest row (the next call) goes in line, the late request's two are held.
+        in_line = asyncio.ensure_future(batcher.submit([[2] * 5]))
+        late = asyncio.ensure_future(batcher.submit([[3] * 5, [4] * 9], deadline_s=0.1))
+        outcome = await asyncio.gather(blocker, in_line, late, return_exceptions=True)
+        await batcher.close()
+        return outcome, len(handed), batcher.admission
+
+    (first, second, late), handed, admission = run(main())
+    assert isinstance(late, DeadlineExceeded) and "while queued" in str(late)
+    assert first[0][0, 0] == 5 and second[0][0, 0] == 10
+    assert engine.seen == [1, 2] and handed == 2  # the late rows never reached a lane
+    assert recorder.reasons == ["deadline"]
     assert (admission.waiting, admission.running) == (0, 0)
 
 
@@ -633,6 +677,39 @@ def test_admission_returns_to_zero_and_close_answers_calls_not_yet_placed() -> N
     assert [rows[0, 0] for rows, _ in served] == [3, 4, 5] and counts == (0, 0)
     assert isinstance(outcome, DeadlineExceeded)  # refused at close, not left hanging
     assert (admission.waiting, admission.running) == (0, 0)
+
+
+def test_a_close_while_a_solo_call_waits_for_its_slots_answers_its_request() -> None:
+    """A lone call takes one slot, then the others before it runs solo. Here the others stay busy
+    (as when another batcher sharing the lanes holds them: the stub stands in for that wait), and
+    the batcher closes while the call waits: its rows go back to the rows held, and close()
+    refuses them. Its request is answered, the slot it took is free again (all of them can be
+    placed at once), and the admission's counts return to zero."""
+    from serving.batching import Lanes
+
+    async def main():
+        batcher = Batcher(FakeEngine(), Policy(), lanes=Lanes(2), solo=FakeEngine())
+        place, waiting = batcher.lanes.place, asyncio.Event()
+
+        async def slots_never_free(slots: int = 1) -> None:
+            if slots == 1:
+                return await place(slots)
+            waiting.set()
+            await asyncio.Event().wait()  # the other slots stay busy until the close
+
+        batcher.lanes.place = slots_never_free
+        request = asyncio.ensure_future(batcher.submit([[5, 6], [7]]))
+        await asyncio.wait_for(waiting.wait(), timeout=5)  # the solo call waits for its slots
+        await batcher.close()
+        outcome = await asyncio.wait_for(asyncio.gather(request, return_exceptions=True), 5)
+        await asyncio.wait_for(place(batcher.lanes.slots), 1)  # every slot free
+        batcher.lanes.done(batcher.lanes.slots)
+        return outcome[0], batcher
+
+    outcome, batcher = run(main())
+    assert isinstance(outcome, DeadlineExceeded) and "shutting down" in str(outcome)
+    assert batcher.lanes.held == 0
+    assert (batcher.admission.waiting, batcher.admission.running) == (0, 0)
 
 
 def test_a_solo_call_runs_with_nothing_beside_it() -> None:
