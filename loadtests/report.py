@@ -568,6 +568,30 @@ def _raw_runs(raw: dict) -> str:
     return f", the best of the run's start and end ({each})"
 
 
+def unanswered(results: dict) -> list[str]:
+    """Where a server answered nothing and nothing failed or was shed, each row named once. Read
+    from each repeat where the record has them (``points``): a row whose medians are not zero can
+    hold such a repeat, and its medians, spread and ratios count that repeat's zero."""
+    points = results.get("points")
+    silent: dict[tuple[str, str, int], int] = {}
+    for p in points or results["rows"]:
+        if not p["sentences_per_s"] and not p["failures"] and not p["shed"]:
+            key = (p["system"], p["workload"], p["users"])
+            silent[key] = silent.get(key, 0) + 1
+    repeats = {(r["system"], r["workload"], r["users"]): r["repeats"] for r in results["rows"]}
+    named = []
+    for (system, workload, users), count in silent.items():
+        name, of = f"{system}, {workload} at {users} users", repeats.get((system, workload, users))
+        if points and of and count < of:
+            them = "that repeat" if count == 1 else "those repeats"
+            name += (
+                f", in {count} of its {of} repeats (the row's medians, spread and ratios "
+                f"count {them} as 0)"
+            )
+        named.append(name)
+    return named
+
+
 def markdown(results: dict) -> str:
     raw, meta = results["raw"], results["meta"]
     lines = [
@@ -598,18 +622,11 @@ def markdown(results: dict) -> str:
             f"{meta.get('settle_s', '?')} s (bench.settle; the next point of each measured a fresh "
             "process): " + ", ".join(f"{name} {n}x" for name, n in restarted.items()) + ".",
         ]
-    silent = [
-        r
-        for r in results["rows"]
-        if not r["sentences_per_s"] and not r["failures"] and not r["shed"]
-    ]
-    if silent:
+    if silent := unanswered(results):
         lines += [
             "",
             "No answer within the point (no request failed: every connection's request was still "
-            "waiting when the point ended): "
-            + ", ".join(f"{r['system']}, {r['workload']} at {r['users']} users" for r in silent)
-            + ".",
+            "waiting when the point ended): " + ", ".join(silent) + ".",
         ]
     if (wire := results.get("encoding")) and "base64_over_float" in wire:
         share = wire["base64_over_float"]

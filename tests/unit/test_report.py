@@ -156,6 +156,32 @@ def test_a_point_that_answered_nothing_without_failing_is_named() -> None:
     assert "No answer within the point" not in markdown(run)
 
 
+def test_a_repeat_that_answered_nothing_is_named_though_its_row_s_medians_are_not_zero() -> None:
+    """A record has each repeat (``points``): one silent repeat of three leaves the row's medians
+    above zero, and the table's note names it with the count, as the medians take its zero in."""
+    run = results()
+    run["points"] = [{**r, "repeat": k} for r in run["rows"] for k in range(3)]
+    assert "No answer within the point" not in markdown(run)
+
+    def point(repeat: int) -> dict:
+        key = (FASTAPI, "bulk", 64, repeat)
+        return next(
+            p for p in run["points"] if (p["system"], p["workload"], p["users"], p["repeat"]) == key
+        )
+
+    point(0)["sentences_per_s"] = 0.0
+    assert (
+        f"{FASTAPI}, bulk at 64 users, in 1 of its 3 repeats (the row's medians, spread and "
+        "ratios count that repeat as 0)."
+    ) in markdown(run)
+    point(1)["sentences_per_s"] = 0.0
+    assert f"{FASTAPI}, bulk at 64 users, in 2 of its 3 repeats" in markdown(run)
+    point(2)["sentences_per_s"] = 0.0  # every repeat: named as the row itself
+    assert f"{FASTAPI}, bulk at 64 users." in markdown(run)
+    point(2)["failures"] = 3  # a repeat whose requests failed is in the table's own column
+    assert f"{FASTAPI}, bulk at 64 users, in 2 of its 3 repeats" in markdown(run)
+
+
 def test_a_one_client_ratio_just_above_its_limit_does_not_print_as_the_limit() -> None:
     run = results()
     for r in run["rows"]:
