@@ -579,8 +579,12 @@ def unanswered(results: dict) -> list[str]:
             key = (p["system"], p["workload"], p["users"])
             silent[key] = silent.get(key, 0) + 1
     repeats = {(r["system"], r["workload"], r["users"]): r["repeats"] for r in results["rows"]}
+    position = {key: i for i, key in enumerate(repeats)}  # the table's order
     named = []
-    for (system, workload, users), count in silent.items():
+    # In the table's order, not the points' (they come repeat by repeat).
+    for (system, workload, users), count in sorted(
+        silent.items(), key=lambda item: position.get(item[0], len(position))
+    ):
         name, of = f"{system}, {workload} at {users} users", repeats.get((system, workload, users))
         if points and of and count < of:
             them = "that repeat" if count == 1 else "those repeats"
@@ -625,8 +629,8 @@ def markdown(results: dict) -> str:
     if silent := unanswered(results):
         lines += [
             "",
-            "No answer within the point (no request failed: every connection's request was still "
-            "waiting when the point ended): " + ", ".join(silent) + ".",
+            "No answer within the point (none of the point's requests failed: every connection's "
+            "request was still waiting when it ended): " + ", ".join(silent) + ".",
         ]
     if (wire := results.get("encoding")) and "base64_over_float" in wire:
         share = wire["base64_over_float"]

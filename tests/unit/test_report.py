@@ -160,7 +160,7 @@ def test_a_repeat_that_answered_nothing_is_named_though_its_row_s_medians_are_no
     """A record has each repeat (``points``): one silent repeat of three leaves the row's medians
     above zero, and the table's note names it with the count, as the medians take its zero in."""
     run = results()
-    run["points"] = [{**r, "repeat": k} for r in run["rows"] for k in range(3)]
+    run["points"] = [{**r, "repeat": k} for k in range(3) for r in run["rows"]]  # as bench runs
     assert "No answer within the point" not in markdown(run)
 
     def point(repeat: int) -> dict:
@@ -180,6 +180,20 @@ def test_a_repeat_that_answered_nothing_is_named_though_its_row_s_medians_are_no
     assert f"{FASTAPI}, bulk at 64 users." in markdown(run)
     point(2)["failures"] = 3  # a repeat whose requests failed is in the table's own column
     assert f"{FASTAPI}, bulk at 64 users, in 2 of its 3 repeats" in markdown(run)
+    # Named in the table's order (chat before bulk at 64 users), not the points' (by repeat).
+    chat = next(
+        p
+        for p in run["points"]
+        if p["system"] == FASTAPI
+        and p["users"] == 64
+        and p["workload"] == "chat"
+        and p["repeat"] == 2
+    )
+    chat["sentences_per_s"] = 0.0
+    assert (
+        f"{FASTAPI}, chat at 64 users, in 1 of its 3 repeats (the row's medians, spread and ratios count that repeat as 0), {FASTAPI}, bulk at 64 users, in 2"
+        in markdown(run)
+    )
 
 
 def test_a_one_client_ratio_just_above_its_limit_does_not_print_as_the_limit() -> None:
