@@ -175,7 +175,8 @@ class Batcher:
         tokens_per_s: float | None = None,
     ) -> None:
         """``lanes``: shared with the instance's other batchers (default: one of its own).
-        ``solo``: the engine for a call that runs alone, using every lane's core (default: ``engine``).
+        ``solo``: the engine for a call that runs alone, using every lane's core (default:
+        ``engine``).
         ``tokens_per_s`` seeds the speed estimate used for admission until calls are measured
         (the runners calibrate it at start; default: Admission's)."""
         self.engine = engine
@@ -279,18 +280,18 @@ class Batcher:
         round together, not only from those that arrived while the last round's calls were
         placed. The engine serves more from rounds of 32-64 than of 17 (``python -m
         loadtests.round_size``, on a 2-core host, at the weight of 32: 235 sentences/s from
-        rounds of 17, 251 and 244 from 32 and 64, 274 from 2000 texts planned at once). Against the batcher that planned
-        each round alone (``python -m loadtests.ab e109027 --users 16,64 --rounds 4 --workloads
-        chat,bulk``, medians): chat 1.08x the sentences/s at 16 users and 0.99x at 64, bulk
-        1.05x at both, the engine's CPU a request 0.94-1.00x, the main thread's 0.96-1.14x. At
-        64 chat users the calls held ~6 rows with either batcher (``bundle_batch_rows``, 3
-        interleaved points of 15 s each), at the planner's weight of 32 padded tokens a call. The
-        rows are there: the tokenizer brings 21-31 chat sentences a runner call (median ~23), and
-        the planner cut them into calls of ~6 rows, as it cuts rounds of 29 offline (5.7 rows a
-        call, round_size's table); at the weight of 16 (``grouping.CALL_OVERHEAD_TOKENS``), ~4.9
-        rows (``python -m loadtests.ab fa1ef03 --users 64 --workloads chat,bulk --rounds 3``:
-        "rows a runner call", "an engine call", on the Intel host of 2026-11-28). None when every
-        row has gone.
+        rounds of 17, 251 and 244 from 32 and 64, 274 from 2000 texts planned at once). Against
+        the batcher that planned each round alone (``python -m loadtests.ab e109027 --users
+        16,64 --rounds 4 --workloads chat,bulk``, medians): chat 1.08x the sentences/s at 16
+        users and 0.99x at 64, bulk 1.05x at both, the engine's CPU a request 0.94-1.00x, the
+        main thread's 0.96-1.14x. At 64 chat users the calls held ~6 rows with either batcher
+        (``bundle_batch_rows``, 3 interleaved points of 15 s each), at the planner's weight of
+        32 padded tokens a call. The rows are there: the tokenizer brings 21-31 chat sentences
+        a runner call (median ~23), and the planner cut them into calls of ~6 rows, as it cuts
+        rounds of 29 offline (5.7 rows a call, round_size's table); at the weight of 16
+        (``grouping.CALL_OVERHEAD_TOKENS``), ~4.9 rows (``python -m loadtests.ab fa1ef03 --users
+        64 --workloads chat,bulk --rounds 3``: "rows a runner call", "an engine call", on the
+        Intel host of 2026-11-28). None when every row has gone.
 
         The plan runs on the event loop's thread, up to ~1 ms for a bulk round, so it is kept
         when nothing was added or dropped since (the rest of the last plan is still a plan of the

@@ -191,8 +191,8 @@ def test_a_repeat_that_answered_nothing_is_named_though_its_row_s_medians_are_no
     )
     chat["sentences_per_s"] = 0.0
     assert (
-        f"{FASTAPI}, chat at 64 users, in 1 of its 3 repeats (the row's medians, spread and ratios count that repeat as 0), {FASTAPI}, bulk at 64 users, in 2"
-        in markdown(run)
+        f"{FASTAPI}, chat at 64 users, in 1 of its 3 repeats (the row's medians, spread and "
+        f"ratios count that repeat as 0), {FASTAPI}, bulk at 64 users, in 2" in markdown(run)
     )
 
 
