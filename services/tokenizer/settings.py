@@ -42,14 +42,14 @@ class TokenizerSettings(ServiceSettings):
         2,
         ge=1,
         description="Calls in flight per backend; requests arriving meanwhile are merged into a later call. "
-        "A call beyond the first goes out once the last one out is expected to be three quarters done.",
+        "A call beyond the first goes out once the last one out is expected to be nine tenths done.",
     )
     # Why 2, not 1: one call in flight makes calls larger, and the runner spends less per
     # request (`python -m loadtests.ab 8a70dbb --users 64 --rounds 6`, medians, chat, on a 2-core
     # host: its CPU outside the engine 0.161 against 0.238 ms a request, the tokenizer's 0.531
     # against 0.609). But the runner's lanes then idle while a call's last engine calls run and
     # its answer travels back: at 16 users (`--users 16 --rounds 6`) 141 against 163 sentences/s.
-    # A second call that waits until the first is three quarters done (coalesce.py's
+    # A second call that waits until the first is nine tenths done (coalesce.py's
     # OVERLAP_SHARE) keeps part of the first gain without the second loss.
     runner_call_tokens: int = Field(
         8192,
