@@ -286,8 +286,9 @@ class Batcher:
         users and 0.99x at 64, bulk 1.05x at both, the engine's CPU a request 0.94-1.00x, the
         main thread's 0.96-1.14x. At 64 chat users the calls held ~6 rows with either batcher
         (``bundle_batch_rows``, 3 interleaved points of 15 s each), at the planner's weight of
-        32 padded tokens a call. The rows are there: the tokenizer brings 21-31 chat sentences
-        a runner call (median ~23), and the planner cut them into calls of ~6 rows, as it cuts
+        32 padded tokens a call. The rows are there: the tokenizer brought 21-31 chat sentences
+        a runner call (median ~23; ~30 since its OVERLAP_SHARE of 0.1, services/tokenizer/
+        coalesce.py), and the planner cut them into calls of ~6 rows, as it cuts
         rounds of 29 offline (5.7 rows a call, round_size's table); at the weight of 16
         (``grouping.CALL_OVERHEAD_TOKENS``), ~4.9 rows (``python -m loadtests.ab fa1ef03 --users
         64 --workloads chat,bulk --rounds 3``: "rows a runner call", "an engine call", on the

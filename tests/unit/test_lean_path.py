@@ -1,4 +1,6 @@
-"""Each lean-path choice of the serving path, pinned (loadtests/README.md has what each one saves)."""
+"""Each lean-path choice of the serving path, pinned. What tracing and the access log cost a
+request is measured by `make bench` (loadtests/README.md); the other choices are pinned here for
+what they do."""
 
 from __future__ import annotations
 

@@ -4,7 +4,7 @@ in the explanation are the quotients and sums of those rows, and a met target is
 from __future__ import annotations
 
 from loadtests.points import FASTAPI, HANDWRITTEN, INT8, NAIVE, NOBATCH, STACK, Point
-from loadtests.report import holds_back, markdown, ratios, restarts, tracing_cost
+from loadtests.report import above_raw, holds_back, markdown, ratios, restarts, tracing_cost
 
 USERS = [1, 64]
 
@@ -144,6 +144,20 @@ def test_a_limit_measured_at_the_start_and_the_end_names_both_measurements() -> 
     assert "The run took 94 minutes (raw sweeps at its start and end, servers' start" in text
     # nothing else in the figures changes
     assert text.split("\n")[1:] == once.split("\n")[1:]
+
+
+def test_a_served_figure_above_its_own_backend_s_raw_is_named_as_a_wrong_limit() -> None:
+    """Each row against its own backend's raw: int8 above fp32's raw is not wrong, fp32 is."""
+    run = results()
+    assert above_raw(run) == []
+    int8 = next(r for r in run["rows"] if (r["system"], r["workload"]) == (INT8, "chat"))
+    int8["sentences_per_s"] = 1200.0  # above fp32's raw of 1000, under int8's 1600
+    assert above_raw(run) == []
+    stack = next(r for r in run["rows"] if (r["system"], r["workload"]) == (STACK, "bulk"))
+    stack["sentences_per_s"] = 1001.0
+    assert above_raw(run) == [f"{STACK} bulk {stack['users']}: 1001 > 1000"]
+    int8["sentences_per_s"] = 1601.0
+    assert len(above_raw(run)) == 2
 
 
 def test_a_point_that_answered_nothing_without_failing_is_named() -> None:
