@@ -45,11 +45,13 @@ from serving.protocol import MAX_SEQUENCES
 # more CPU but lost 13 % of chat's throughput at 16 users: tokenizer/settings.py.)
 # Later still pays, and the lanes still do not run dry: `python -m loadtests.ab <base> --users
 # 16,64 --workloads chat,bulk --rounds 3`, medians, on the Intel host of 2026-11-28. 0.25 against
-# 0.5 (base b8f080d): the runner's CPU outside the engine 0.86-0.97x at each point (chat 64 users
+# 0.5 (base b8f080d): the runner's CPU outside the engine 0.80-0.97x at each point (chat 64 users
 # 0.182 against 0.212 ms; 31.3 against 26.6 rows a runner call), the tokenizer's 0.84-0.91x,
-# sentences/s 1.00-1.03x. 0.1 against 0.25 (base 804bc0b): the runner outside the engine
-# 0.69-0.96x (chat 64 users 0.171 against 0.212 ms), the tokenizer's 0.67-0.87x, sentences/s
-# 1.04x at chat 64 users, 1.03x at 16, bulk 0.995x and 1.06x; 0 failed or shed against 3.
+# sentences/s 1.00-1.03x; 0 requests failed or shed against 1. 0.1 against 0.25 (base 804bc0b):
+# the runner outside the engine 0.69-0.96x (chat 64 users 0.171 against 0.212 ms), the
+# tokenizer's 0.67-0.87x, sentences/s at chat 1.03x (16 users) and 1.04x (64), at bulk 0.995x
+# (16) and 1.06x (64); 0 failed or shed against 3. Compare within a run only: 0.25 read 0.182 ms
+# in the first and 0.212 in the second (each run serves both trees at once, on a noisy host).
 OVERLAP_SHARE = 0.1
 # A flush this close to its moment goes at once: uvloop's timers fire on whole milliseconds, up to
 # one early, and re-arming for the rest would spin the loop through call_soon until it passed.

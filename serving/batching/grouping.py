@@ -18,10 +18,10 @@ from dataclasses import dataclass
 # early 2-core host's engine on 2 threads (1.7 ms a call x 19k tokens/s). 16 since 2026-11-28,
 # measured on that day's Intel host with the ONNX runner's default one-thread lanes:
 # - offline: at 64 chat users the tokenizer brought the runner 21-31 sentences a call, median ~23
-#   (make ab prints "rows a runner call"), and rounds of 29 (BUNDLE_ONNX_CALL_OVERHEAD_TOKENS=<w>
-#   python -m loadtests.round_size --rounds 29, medians of 3) served fp32 449, 450 and 426-433 (two
-#   runs) and int8 1148, 1137 and 1089 sentences/s at weights 8, 16 and 32, in calls of 3.4, 4.4
-#   and 5.7 rows (its table);
+#   (make ab prints "rows a runner call"; ~30 since its OVERLAP_SHARE of 0.1), and rounds of 29
+#   (BUNDLE_ONNX_CALL_OVERHEAD_TOKENS=<w> python -m loadtests.round_size --rounds 29, medians of
+#   3) served fp32 449, 450 and 426-433 (two runs) and int8 1148, 1137 and 1089 sentences/s at
+#   weights 8, 16 and 32, in calls of 3.4, 4.4 and 5.7 rows (its table);
 # - the weight alone in the whole graph against 32 (python -m loadtests.ab fa1ef03 --users 64
 #   --workloads chat,bulk --rounds 3, the weight edited in the checkout): 8 served 1.029x at chat
 #   and 1.053x at bulk, 16 1.016x and 1.065x (a run when the host was faster: its base served 407

@@ -154,10 +154,20 @@ def test_a_served_figure_above_its_own_backend_s_raw_is_named_as_a_wrong_limit()
     int8["sentences_per_s"] = 1200.0  # above fp32's raw of 1000, under int8's 1600
     assert above_raw(run) == []
     stack = next(r for r in run["rows"] if (r["system"], r["workload"]) == (STACK, "bulk"))
+    stack["sentences_per_s"] = 1000.0  # at the limit: not above it
+    assert above_raw(run) == []
     stack["sentences_per_s"] = 1001.0
     assert above_raw(run) == [f"{STACK} bulk {stack['users']}: 1001 > 1000"]
     int8["sentences_per_s"] = 1601.0
-    assert len(above_raw(run)) == 2
+    fastapi = next(r for r in run["rows"] if (r["system"], r["workload"]) == (FASTAPI, "chat"))
+    fastapi["sentences_per_s"] = 1002.0  # every system, not only the stack's, against fp32's
+    run["paths"] = {"rows": [{**stack, "system": "stack, traced", "sentences_per_s": 1003.0}]}
+    assert above_raw(run) == [  # in the rows' order, then the traced path's
+        f"{STACK} bulk {stack['users']}: 1001 > 1000",
+        f"{INT8} chat {int8['users']}: 1601 > 1600",
+        f"{FASTAPI} chat {fastapi['users']}: 1002 > 1000",
+        f"stack, traced bulk {stack['users']}: 1003 > 1000",
+    ]
 
 
 def test_a_point_that_answered_nothing_without_failing_is_named() -> None:
