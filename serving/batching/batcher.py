@@ -287,9 +287,9 @@ class Batcher:
         main thread's 0.96-1.14x. At 64 chat users the calls held ~6 rows with either batcher
         (``bundle_batch_rows``, 3 interleaved points of 15 s each), at the planner's weight of
         32 padded tokens a call. The rows are there: the tokenizer brought 21-31 chat sentences
-        a runner call (median ~23; ~30 since its OVERLAP_SHARE of 0.1, services/tokenizer/
-        coalesce.py), and the planner cut them into calls of ~6 rows, as it cuts
-        rounds of 29 offline (5.7 rows a call, round_size's table); at the weight of 16
+        a runner call (median ~23; ~30 since its OVERLAP_SHARE of 0.1,
+        services/tokenizer/coalesce.py), and the planner cut them into calls of ~6 rows, as it
+        cuts rounds of 29 offline (5.7 rows a call, round_size's table); at the weight of 16
         (``grouping.CALL_OVERHEAD_TOKENS``), ~4.9 rows (``python -m loadtests.ab fa1ef03 --users
         64 --workloads chat,bulk --rounds 3``: "rows a runner call", "an engine call", on the
         Intel host of 2026-11-28). None when every row has gone.
