@@ -375,6 +375,14 @@ def main(argv: list[str] | None = None) -> int:
             "tenants": TENANTS,
         },
     )
+    return publish(results, record=args.record)
+
+
+def publish(results: dict, *, record: bool) -> int:
+    """Write a run to build/bench (JSON, table, plots), print its table and targets and, where
+    ``record``, record it: loadtests/results/DATE.json and loadtests/README.md's figures. A served
+    figure above its backend's raw limit means the limit is wrong: then nothing is recorded and
+    the exit status is 1 (0 otherwise)."""
     (OUT / "results.json").write_text(json.dumps(results, indent=2) + "\n")
     table = report.markdown(results)
     (OUT / "results.md").write_text(table + "\n")
@@ -384,7 +392,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{'met   ' if check['met'] else 'MISSED'} {check['target']}: {check['measured']}")
     written = [OUT / "results.json", OUT / "results.md", *plots]
     wrong = report.above_raw(results)
-    if args.record and not wrong:  # a run with a wrong limit is not one to publish
+    if record and not wrong:  # a run with a wrong limit is not one to publish
         RESULTS.mkdir(parents=True, exist_ok=True)
         recorded = RESULTS / f"{results['meta']['date'][:10]}.json"
         recorded.write_text(json.dumps(results, indent=2) + "\n")
