@@ -28,7 +28,7 @@ IMAGES_CMD := PATH=$(DOCKER_PATH) BASE_IMAGE=$(BASE_IMAGE) $(PY) deploy/bentos.p
 	    -t bento-bundle/$$image:$(IMAGE_TAG) deploy/$$image >/dev/null \
 	  && echo "image bento-bundle/$$image:$(IMAGE_TAG) built (deploy/$$image)" || exit 1; done
 
-.PHONY: help install wrk tools models parity bench ab profile chaos soak tenants tenants-mixed tenant-figures simulate-replicas serve test lint format clean \
+.PHONY: help install wrk tools models parity bench ab profile chaos soak tenants tenants-mixed tenant-figures serve check test test-load test-newest-bentoml lint format clean \
 	bentos engine engine-stop base-image images test-containers test-swarm
 
 help: ## List the targets
@@ -109,17 +109,38 @@ chaos: models ## Overload at 4x capacity, recovery, workers SIGKILLed under load
 soak: models ## Every endpoint mixed at ~70 % of capacity for SOAK_S seconds (600): memory and fds must not grow
 	$(PY) -m loadtests.soak --seconds $(or $(SOAK_S),600)
 
-simulate-replicas: tenants-mixed ## Tenants across 1-8 replicas: random vs consistent-hash vs bounded-load routing, a replica lost
-	$(PY) -m loadtests.replicas --store $(MIXED_STORE)
-
 tenant-figures: tenants tenants-mixed ## Zipf load over the N demo whole-model tenants with a 10 % memory budget: latency, hit rate, RSS; what N head tenants cost
 	BUNDLE_TENANTS_STORE=$(MIXED_STORE) $(PY) -m loadtests.tenant_figures --tenants $(N)
 
 serve: models ## Serve the whole graph on $(HOST):$(PORT) (Swagger UI at /)
 	$(BENTOML) serve . --host $(HOST) --port $(PORT)
 
-test: models tools ## Run every test (unit, integration, end to end)
-	PROMTOOL=$(PROMTOOL) HAPROXY_ROOT=$(HAPROXY_ROOT) $(PY) -m pytest
+TOOL_PATHS := PROMTOOL=$(PROMTOOL) HAPROXY_ROOT=$(HAPROXY_ROOT)
+check: models ## The inner loop, run it while working: lint, unit tests, in-process HTTP tests (under 3 minutes)
+	@$(MAKE) --no-print-directory lint
+	$(PY) -m pytest tests/unit tests/http -n 2 -q
+
+test: models tools ## Every test that needs no Docker engine: unit, in-process HTTP, integration, end to end
+	$(TOOL_PATHS) $(PY) -m pytest -n 2
+
+test-load: models tools ## Benchmark-like runs (quick bench, profile, soak, chaos, Locust), then the lean path on the newest BentoML
+	$(TOOL_PATHS) $(PY) -m pytest tests/load
+	@$(MAKE) --no-print-directory test-newest-bentoml
+
+# The lean path reads BentoML's private objects (serving/internals.py): its differential tests
+# (the lean path against BentoML's own) run on the newest BentoML of the package index, in a venv
+# of its own over this one's packages, so a release that breaks it is known before users meet it.
+NEWEST_VENV := build/bentoml-newest
+DIFFERENTIAL := tests/unit/test_hot_path.py tests/unit/test_clients.py tests/unit/test_hop.py tests/unit/test_lean_path.py
+test-newest-bentoml: install ## The lean path's differential tests against the newest BentoML on the package index
+	@test -x $(NEWEST_VENV)/bin/python || $(PYTHON) -m venv $(NEWEST_VENV)
+	@echo "import site; site.addsitedir('$(abspath $(VENV))/lib/python3.11/site-packages')" \
+	  > $(NEWEST_VENV)/lib/python3.11/site-packages/project-venv.pth
+	@$(NEWEST_VENV)/bin/python -m pip install -q --upgrade bentoml 2>&1 | grep -v "dependency conflicts\|requires bentoml==" || true
+	@echo "the lean path's differential tests on BentoML $$($(NEWEST_VENV)/bin/python -c 'import bentoml; print(bentoml.__version__)') (pinned: $$($(PY) -c 'import bentoml; print(bentoml.__version__)'))"
+	@# lean_path=on: the lean path runs whatever version this is, so the tests compare its answers
+	HOT_PATH_TOY_LEAN_PATH=on BUNDLE_TOKENIZER_LEAN_PATH=on BUNDLE_ONNX_LEAN_PATH=on BUNDLE_TF_LEAN_PATH=on \
+	  BUNDLE_TENANTS_LEAN_PATH=on $(NEWEST_VENV)/bin/python -m pytest $(DIFFERENTIAL) -q -p no:cacheprovider
 
 bentos: models ## Build a bento per service and the whole-graph bento (bentoml build, locking on)
 	$(PY) deploy/bentos.py build
@@ -147,9 +168,10 @@ test-swarm: models ## The same stack on a one-node Docker Swarm: smoke, replicas
 	  PATH=$(DOCKER_PATH) IMAGE_TAG=$(IMAGE_TAG) $(PY) -m pytest tests/swarm -p no:cacheprovider \
 	  || status=$$?; $(ENGINE) stop; exit $$status
 
-lint: install ## ruff lint and format check, the import layers, no code repeated across the serving packages
+lint: install ## ruff lint and format check, types (mypy), the import layers, no code repeated across the serving packages
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/mypy
 	$(VENV)/bin/lint-imports
 	@# Six or more lines alike anywhere in serving/, services/ and runners/ (across the boundary too)
 	$(VENV)/bin/pylint --disable=all --enable=duplicate-code --min-similarity-lines=6 \

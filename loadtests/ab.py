@@ -8,11 +8,12 @@ mid-run slows both. Chat by default; ``--workloads chat,bulk`` adds bulk points 
 request, run 3x as long, as ``make bench`` runs them). Prints each round, then medians over the
 rounds of throughput, p50 and CPU per request (the tokenizer process and the ONNX runner's main
 thread from /proc; the runner's CPU outside and inside its engine calls, from /proc and the
-runner's engine counter, NaN for a tree without it), the sum of requests failed or shed, and the
-ONNX runner's rows a call from the tokenizer and an engine call (its /metrics), with head/base
-ratios. Each point is ``make bench``'s own (``points.point``, its request bodies rewritten under
+runner's engine counter, NaN for a tree without it) and the sum of requests failed or shed, with
+head/base ratios. Each point is ``make bench``'s own (``points.point``, its request bodies rewritten under
 build/bench/bodies), so the two are not run at once. The venv is this checkout's: a dependency
-change is not compared.
+change is not compared. ``--base-env`` serves the base with settings of its own: ``HEAD
+--base-env BUNDLE_TOKENIZER_LEAN_PATH=off,BUNDLE_ONNX_LEAN_PATH=off`` measures the lean path
+against BentoML's own path with the same code.
 Not recorded: ``make bench`` records; this answers "did this change help" in a few minutes.
 """
 
@@ -20,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import dataclasses
 import math
 import shlex
 import statistics
@@ -28,8 +28,8 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-from loadtests import cpu, loadgen, points
-from loadtests.processes import BIN, ROOT, Server, adopt_orphans, free_port, own_home
+from loadtests import loadgen, points
+from testkit.processes import BIN, ROOT, Server, adopt_orphans, free_port, own_home
 
 OUT = ROOT / "build" / "ab"
 HEAD = "this checkout"
@@ -46,13 +46,6 @@ class Sample:
     runner_serving_ms: float
     engine_ms: float
     not_ok: int  # requests failed or shed: a change that sheds is a result, not a crash
-    # The ONNX runner's batching over the point (its /metrics, read just before and after): the
-    # sentences a call from the tokenizer brought it, and the rows of each engine call cut from
-    # them. NaN where not read, or for a tree without the counters. Calls of any status are
-    # counted, rows only as computed (a point that sheds reads lower); the series are written up
-    # to serving/tallies.py's FLUSH_S late, ~1 % of a 10 s point.
-    rows_a_runner_call: float = math.nan
-    rows_an_engine_call: float = math.nan
 
 
 def sample(point: points.Point) -> Sample:
@@ -68,16 +61,6 @@ def sample(point: points.Point) -> Sample:
         runner.get("engine_ms", math.nan),
         point.failures + point.shed,
     )
-
-
-def shape(before: cpu.Batching, after: cpu.Batching) -> dict[str, float]:
-    """``Sample``'s batching figures from two readings of the runner's counters."""
-    calls, engine_calls = after.calls - before.calls, after.engine_calls - before.engine_calls
-    rows = after.rows - before.rows
-    return {
-        "rows_a_runner_call": rows / calls if calls and engine_calls else math.nan,
-        "rows_an_engine_call": rows / engine_calls if engine_calls else math.nan,
-    }
 
 
 def summary(base: list[Sample], head: list[Sample]) -> list[tuple[str, float, float, float]]:
@@ -100,7 +83,7 @@ def drained(servers: dict[str, Server]) -> None:
             raise RuntimeError(f"{name} did not work off its queue (or stopped):\n{server.tail()}")
 
 
-def serve(tree: Path, name: str) -> Server:
+def serve(tree: Path, name: str, env: dict[str, str] | None = None) -> Server:
     port = free_port()
     # `cd` then exec: the tree's own code is imported first (bentoml puts its working directory
     # at the head of sys.path), and the PID stays bentoml's, to be stopped with its descendants.
@@ -109,7 +92,7 @@ def serve(tree: Path, name: str) -> Server:
         f"cd {shlex.quote(str(tree))} && exec {bentoml} serve . --host 127.0.0.1 --port {port}"
     )
     log = OUT / f"{name}.log"
-    return Server(["bash", "-c", command], port, log, own_home(log))
+    return Server(["bash", "-c", command], port, log, {**own_home(log), **(env or {})})
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -121,7 +104,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--workloads", default="chat", help=f"comma-separated, of {', '.join(points.WORKLOADS)}"
     )
+    parser.add_argument(
+        "--base-env", default="", help="KEY=VALUE,... set for the base's server only"
+    )
     args = parser.parse_args(argv)
+    base_env = dict(kv.split("=", 1) for kv in args.base_env.split(",") if kv)
     if args.rounds < 1:
         parser.error("--rounds must be at least 1")
     users = list(dict.fromkeys(int(u) for u in args.users.split(",")))  # each count once
@@ -144,8 +131,8 @@ def main(argv: list[str] | None = None) -> int:
         stack.callback(
             subprocess.run, ["git", "worktree", "remove", "--force", str(tree)], cwd=ROOT
         )
-        bodies = {w: points.bodies(w, "") for w in workloads}
-        servers = {rev: serve(tree, "base"), HEAD: serve(ROOT, "head")}
+        bodies = {w: points.bodies(w) for w in workloads}
+        servers = {rev: serve(tree, "base", base_env), HEAD: serve(ROOT, "head")}
         for server in servers.values():
             stack.callback(server.stop)  # each stopped even if stopping another raised
             server.start()
@@ -168,18 +155,14 @@ def main(argv: list[str] | None = None) -> int:
                         # requests were still shed in some rounds, in both trees.
                         loadgen.run(server.url, "/embed", bodies[w], 16, 5)
                     drained(servers)  # no backlog left to take the cores
-                    # Read outside the point's own CPU readings, so not counted in its figures.
-                    before = cpu.batching(server.url)
                     s = sample(points.point(server, name, w, u, seconds))
-                    s = dataclasses.replace(s, **shape(before, cpu.batching(server.url)))
                     samples[(name, w, u)].append(s)
                     print(
                         f"[{round_ + 1}/{args.rounds}] {name:>13} {w} {u:>3} users: "
                         f"{s.sentences_per_s:6.1f}/s p50 {s.p50_ms:7.2f} ms, CPU ms a request: "
                         f"tokenizer {s.tokenizer_ms:.3f}, runner main {s.runner_main_ms:.3f}, "
                         f"outside the engine {s.runner_serving_ms:.3f}, engine {s.engine_ms:.3f}; "
-                        f"rows a runner call {s.rows_a_runner_call:.1f}, an engine call "
-                        f"{s.rows_an_engine_call:.1f}; failed or shed {s.not_ok}",
+                        f"failed or shed {s.not_ok}",
                         flush=True,
                     )
     for w, u in cases:

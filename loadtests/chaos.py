@@ -17,8 +17,7 @@ answer is compared with a reference embedding of each of its texts, taken from t
 unloaded before the run. After the run, every worker of the graph is checked alive and serving.
 
 Why not Locust: its users are a closed loop, so they slow down with the server and never offer 4x
-its capacity; overload needs arrivals that do not wait for answers. Locust stays the tool for
-the load runs and the benchmark.
+its capacity; overload needs arrivals that do not wait for answers (loadtests/openloop.py).
 """
 
 from __future__ import annotations
@@ -29,7 +28,6 @@ import json
 import os
 import random
 import signal
-import statistics
 import sys
 import time
 from collections import Counter
@@ -40,38 +38,14 @@ import httpx
 import numpy as np
 import psutil
 
-from loadtests.processes import ROOT, Server, bentoml_serve
+from loadtests.openloop import Driver, Outcome, Request, ms, quantile, refusal
 from models import corpus
+from testkit.processes import ROOT, Server, bentoml_serve
 
 BULK = 32
-CLIENT_TIMEOUT_S = 30.0
-# The reasons admission gives when it refuses a request on arrival (serving/batching/admission.py).
-ADMISSION_REASONS = ("queue full", "cannot finish within")
 # fp32 embeddings of one text differ only by float rounding across batch shapes (~1e-7).
 MAX_ABS_DIFF = 1e-5
-
-
-@dataclass
-class Outcome:
-    sent: float
-    latency_s: float
-    status: int  # 0: no HTTP answer (connection reset, timeout)
-    retry_after: str | None = None
-    error: str = ""
-    # A 503 for a request that was admitted and whose deadline passed while it waited (the stack
-    # slowed after admitting it), as against one refused at the door: the server's reason says.
-    expired: bool = False
-    # A 429/503 whose reason is admission's (queue full, or the work ahead cannot finish within
-    # the deadline), as against any other 503 (a runner unreachable while it restarts).
-    at_admission: bool = False
-
-
-def refusal(status: int, body: str) -> tuple[bool, bool]:
-    """Whether an answer is an admitted request whose deadline passed while it waited, and
-    whether it is a refusal at admission, by the reason the server gives."""
-    expired = status == 503 and "deadline passed" in body
-    at_admission = status in (429, 503) and any(reason in body for reason in ADMISSION_REASONS)
-    return expired, at_admission
+__all__ = ["refusal"]
 
 
 @dataclass
@@ -99,15 +73,15 @@ class Phase:
             "requests": len(self.outcomes),
             "served": len(ok),
             "served_per_s": round(len(ok) / span, 2) if span else 0.0,
-            "served_p50_ms": _ms(_quantile([o.latency_s for o in ok], 0.5)),
-            "served_p99_ms": _ms(_quantile([o.latency_s for o in ok], 0.99)),
+            "served_p50_ms": ms(quantile([o.latency_s for o in ok], 0.5)),
+            "served_p99_ms": ms(quantile([o.latency_s for o in ok], 0.99)),
             "refused": len(shed),
             "refused_without_retry_after": sum(o.retry_after is None for o in shed + expired),
             "refused_at_admission": sum(o.at_admission for o in shed),
-            "refusal_p50_ms": _ms(_quantile([o.latency_s for o in shed], 0.5)),
-            "refusal_p99_ms": _ms(_quantile([o.latency_s for o in shed], 0.99)),
+            "refusal_p50_ms": ms(quantile([o.latency_s for o in shed], 0.5)),
+            "refusal_p99_ms": ms(quantile([o.latency_s for o in shed], 0.99)),
             "expired": len(expired),
-            "expired_max_ms": _ms(max((o.latency_s for o in expired), default=None)),
+            "expired_max_ms": ms(max((o.latency_s for o in expired), default=None)),
             "statuses": dict(sorted(Counter(str(o.status) for o in self.outcomes).items())),
             "server_errors": sum(o.status >= 500 and o.status != 503 for o in self.outcomes),
             "wrong_answers": sum(o.status == -1 for o in self.outcomes),
@@ -116,60 +90,34 @@ class Phase:
             "connections_at_kill": self.connections_at_kill,
             "other_errors": len(other),
             "other_error_kinds": dict(kinds.most_common()),
-            "slowest_failure_ms": _ms(
+            "slowest_failure_ms": ms(
                 max((o.latency_s for o in shed + expired + other), default=None)
             ),
         }
 
 
-def _quantile(values: list[float], q: float) -> float | None:
-    if not values:
-        return None
-    if len(values) == 1:
-        return values[0]
-    return statistics.quantiles(values, n=100, method="inclusive")[max(0, round(q * 100) - 1)]
+class Bulk:
+    """Bulk /embed requests drawn from a pool of corpus texts, each answer checked against a
+    reference embedding of each of its texts, taken from the same stack unloaded."""
 
-
-def _ms(seconds: float | None) -> float | None:
-    return None if seconds is None else round(seconds * 1000, 1)
-
-
-class Load:
-    """Bulk /embed requests against one URL: closed-loop clients or open-loop arrivals."""
-
-    def __init__(self, url: str, seed: int = 3, pool: int = 256) -> None:
-        self.url = url
-        self.rng = random.Random(seed)
-        self.texts = self.rng.sample(corpus.load_texts(), pool)
+    def __init__(self, pool: int = 256, seed: int = 3) -> None:
+        self.texts = random.Random(seed).sample(corpus.load_texts(), pool)
         self.reference: dict[str, np.ndarray] = {}
-        self.inflight = 0
-        self.probes = Phase("recovery probes", 0.0)  # the requests that time recovery
-        self.client = httpx.AsyncClient(
-            base_url=url,
-            timeout=CLIENT_TIMEOUT_S,
-            # Idle connections are dropped after 2 s, before the server's own 5 s keep-alive timeout
-            # (uvicorn's default): reusing one the server is closing at that instant fails with a
-            # read error that says nothing about the server. The usual client rule; see README.
-            limits=httpx.Limits(
-                max_connections=1000, max_keepalive_connections=1000, keepalive_expiry=2.0
-            ),
-        )
 
-    def open_connections(self) -> int:
-        """Connections in the client's pool now (httpcore's pool: busy and idle keep-alive ones)."""
-        return len(self.client._transport._pool.connections)
+    def request(self, rng: random.Random) -> Request:
+        return "/embed", {"texts": rng.sample(self.texts, BULK)}
 
-    async def take_reference(self) -> None:
-        """Each text's embedding from the unloaded stack, one request per 32 texts."""
+    async def take_reference(self, client: httpx.AsyncClient) -> None:
         for start in range(0, len(self.texts), BULK):
             texts = self.texts[start : start + BULK]
-            resp = await self.client.post("/embed", json={"texts": texts})
+            resp = await client.post("/embed", json={"texts": texts})
             resp.raise_for_status()
             for text, vector in zip(texts, resp.json()["embeddings"], strict=True):
                 self.reference[text] = np.asarray(vector, dtype=np.float32)
 
-    def wrong(self, texts: list[str], embeddings: list[list[float]]) -> str:
+    def wrong(self, request: Request, resp: httpx.Response) -> str:
         """Why an answer is wrong ('' if right): count, or a vector off its reference."""
+        texts, embeddings = request[1]["texts"], resp.json()["embeddings"]
         if len(embeddings) != len(texts):
             return f"{len(embeddings)} vectors for {len(texts)} texts"
         got = np.asarray(embeddings, dtype=np.float32)
@@ -177,63 +125,22 @@ class Load:
         diff = float(np.max(np.abs(got - want)))
         return f"max |diff| {diff:.1e} from the reference" if diff > MAX_ABS_DIFF else ""
 
-    async def one(self, phase: Phase) -> None:
-        texts = self.rng.sample(self.texts, BULK)
-        sent = time.monotonic()
-        self.inflight += 1
-        try:
-            resp = await self.client.post("/embed", json={"texts": texts})
-            outcome = Outcome(sent, time.monotonic() - sent, resp.status_code)
-            outcome.retry_after = resp.headers.get("retry-after")
-            outcome.expired, outcome.at_admission = refusal(resp.status_code, resp.text)
-            if resp.status_code == 200 and (why := self.wrong(texts, resp.json()["embeddings"])):
-                outcome.status, outcome.error = -1, f"wrong answer: {why}"
-            elif resp.status_code not in (200, 429, 503):
-                outcome.error = resp.text[:80]
-        except httpx.HTTPError as exc:
-            outcome = Outcome(sent, time.monotonic() - sent, 0, error=type(exc).__name__)
-        finally:
-            self.inflight -= 1
-        phase.outcomes.append(outcome)
 
-    async def closed(self, name: str, clients: int, seconds: float) -> Phase:
-        phase = Phase(name, 0.0)
-        stop = time.monotonic() + seconds
-
-        async def client() -> None:
-            while time.monotonic() < stop:
-                await self.one(phase)
-
-        await asyncio.gather(*(client() for _ in range(clients)))
-        phase.offered_per_s = len(phase.outcomes) / seconds
-        return phase
-
-    async def open(self, phase: Phase, seconds: float) -> Phase:
-        """Arrivals at ``phase.offered_per_s``, whatever the answers do."""
-        per_s = phase.offered_per_s
-        tasks: list[asyncio.Task] = []
-        started = time.monotonic()
-        for i in range(int(per_s * seconds)):
-            delay = started + i / per_s - time.monotonic()
-            if delay > 0:
-                await asyncio.sleep(delay)
-            tasks.append(asyncio.create_task(self.one(phase)))
-        await asyncio.gather(*tasks)
-        return phase
-
-    async def close(self) -> None:
-        await self.client.aclose()
+async def closed(driver: Driver, name: str, clients: int, seconds: float) -> Phase:
+    phase = Phase(name, 0.0)
+    await driver.closed(clients, seconds, phase.outcomes)
+    phase.offered_per_s = len(phase.outcomes) / seconds
+    return phase
 
 
-async def recovery_s(load: Load, baseline_p50_s: float, limit_s: float = 60) -> float | None:
+async def recovery_s(
+    driver: Driver, probes: list[Outcome], baseline_p50_s: float, limit_s: float = 60
+) -> float | None:
     """Seconds until three answers in a row come back at most 3x the unloaded median latency."""
     started = time.monotonic()
     streak = 0
     while time.monotonic() - started < limit_s:
-        phase = Phase("probe", 0)
-        await load.one(phase)
-        load.probes.outcomes.extend(phase.outcomes)  # counted like every other request
-        o = phase.outcomes[0]
+        o = await driver.one(probes)  # counted like every other request
         streak = streak + 1 if o.status == 200 and o.latency_s <= 3 * baseline_p50_s else 0
         if streak == 3:
             return round(time.monotonic() - started, 2)
@@ -256,32 +163,30 @@ def worker(server: Server, service: str) -> psutil.Process:
 
 
 async def kill_during_load(
-    load: Load, server: Server, service: str, per_s: float, seconds: float
+    driver: Driver, server: Server, service: str, per_s: float, seconds: float
 ) -> tuple[Phase, float | None]:
     async def kill_then_measure() -> float | None:
         await asyncio.sleep(seconds / 3)
         victim = worker(server, service)
-        phase.inflight_at_kill = load.inflight
-        phase.connections_at_kill = load.open_connections()
+        phase.inflight_at_kill = driver.inflight
+        phase.connections_at_kill = driver.open_connections()
         os.kill(victim.pid, signal.SIGKILL)
         killed = time.monotonic()
-        # Serving again: a request through the whole graph answers 200.
+        # Serving again: a request through the whole graph answers 200 (a request of this phase
+        # like the others).
         while time.monotonic() - killed < 60:
-            probe = Phase("probe", 0)
-            await load.one(probe)
-            phase.outcomes.extend(probe.outcomes)  # a request of this phase like the others
-            if probe.outcomes[0].status == 200:
+            if (await driver.one(phase.outcomes)).status == 200:
                 return round(time.monotonic() - killed, 2)
             await asyncio.sleep(0.2)
         return None
 
     phase = Phase(f"kill {service}", per_s)
     killer = asyncio.create_task(kill_then_measure())
-    await load.open(phase, seconds)
+    await driver.open(per_s, seconds, phase.outcomes)
     return phase, await killer
 
 
-async def workers_serving(load: Load, server: Server) -> dict[str, bool]:
+async def workers_serving(client: httpx.AsyncClient, server: Server) -> dict[str, bool]:
     """Each service's worker alive (by PID, among the server's descendants) and answering: a
     request that goes through that service."""
     probes = {
@@ -297,7 +202,7 @@ async def workers_serving(load: Load, server: Server) -> dict[str, bool]:
             alive = worker(server, service).is_running()
         except LookupError:
             alive = False
-        resp = await load.client.post(path, json=body)
+        resp = await client.post(path, json=body)
         expected = 404 if service == "tenant_runner" else 200
         answered = resp.status_code == expected and (
             service != "tenant_runner" or "no-such-tenant" in resp.json().get("error", "")
@@ -307,17 +212,19 @@ async def workers_serving(load: Load, server: Server) -> dict[str, bool]:
 
 
 async def run(url: str, server: Server | None, seconds: float) -> dict:
-    load = Load(url)
-    try:
-        await load.take_reference()
-        baseline = await load.closed("unloaded", 1, min(5.0, seconds))
-        baseline_p50 = _quantile([o.latency_s for o in baseline.outcomes], 0.5) or 1.0
-        capacity = await load.closed("capacity", 8, seconds)
+    bulk = Bulk()
+    async with Driver(url, bulk.request, check=bulk.wrong) as driver:
+        await bulk.take_reference(driver.client)
+        probes = Phase("recovery probes", 0.0)  # the requests that time recovery
+        baseline = await closed(driver, "unloaded", 1, min(5.0, seconds))
+        baseline_p50 = quantile([o.latency_s for o in baseline.outcomes], 0.5) or 1.0
+        capacity = await closed(driver, "capacity", 8, seconds)
         per_s = capacity.summary()["served_per_s"]
         print(f"capacity: {per_s:.1f} bulk requests/s ({per_s * BULK:.0f} sentences/s)", flush=True)
         print(f"overload: {4 * per_s:.1f} requests/s for {seconds:.0f} s …", flush=True)
-        overload = await load.open(Phase("overload 4x", 4 * per_s), seconds)
-        recovered = await recovery_s(load, baseline_p50)
+        overload = Phase("overload 4x", 4 * per_s)
+        await driver.open(overload.offered_per_s, seconds, overload.outcomes)
+        recovered = await recovery_s(driver, probes.outcomes, baseline_p50)
         print(f"  refused {overload.summary()['refused']}; recovered in {recovered} s", flush=True)
         report = {
             "url": url,
@@ -331,18 +238,16 @@ async def run(url: str, server: Server | None, seconds: float) -> dict:
             for service in ("onnx_runner", "tokenizer"):
                 print(f"SIGKILL the {service} worker under load …", flush=True)
                 phase, serving_again = await kill_during_load(
-                    load, server, service, per_s / 2, seconds
+                    driver, server, service, per_s / 2, seconds
                 )
                 print(f"  serving again after {serving_again} s", flush=True)
                 report["phases"].append(phase.summary())
                 report["kills"].append({"service": service, "serving_again_s": serving_again})
-                await recovery_s(load, baseline_p50)
+                await recovery_s(driver, probes.outcomes, baseline_p50)
             report["server_alive"] = server.proc is not None and server.proc.poll() is None
-            report["workers_serving"] = await workers_serving(load, server)
-        report["phases"].append(load.probes.summary())
+            report["workers_serving"] = await workers_serving(driver.client, server)
+        report["phases"].append(probes.summary())
         return report
-    finally:
-        await load.close()
 
 
 def render(report: dict) -> str:

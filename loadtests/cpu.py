@@ -54,8 +54,6 @@ def machine(cpuinfo: str | None = None) -> str:
 
 TICKS = os.sysconf("SC_CLK_TCK")
 ENGINE_CPU = "bundle_engine_cpu_seconds"  # the runners' counter of their engines' CPU
-REQUESTS = "bentoml_service_request"  # BentoML's request counter, every service's
-ROWS = "bundle_batch_rows"  # the runners' histogram of sequences an engine call
 
 
 @dataclass(frozen=True)
@@ -67,23 +65,6 @@ class Usage:
 def _thread_seconds(pid: int, tid: int) -> float:
     fields = Path(f"/proc/{pid}/task/{tid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / TICKS  # utime + stime
-
-
-def waited_s(pid: int) -> float:
-    """Seconds the main thread of ``pid`` has spent runnable but not running, waiting for a core:
-    the run-queue delay in ``/proc/PID/task/PID/schedstat`` (its second field, ns)."""
-    return int(Path(f"/proc/{pid}/task/{pid}/schedstat").read_text().split()[1]) / 1e9
-
-
-def wakeups(pid: int) -> int:
-    """Times the main thread of ``pid`` has gone to sleep and been woken (its voluntary context
-    switches, ``/proc/PID/task/PID/status``): an event loop's waits for its sockets, timers and
-    other threads' hand-offs, and any lock it waited for."""
-    for line in Path(f"/proc/{pid}/task/{pid}/status").read_text().splitlines():
-        name, _, value = line.partition(":")
-        if name == "voluntary_ctxt_switches":
-            return int(value)
-    raise RuntimeError(f"no voluntary_ctxt_switches in /proc/{pid}/task/{pid}/status")
 
 
 def usage(pid: int) -> Usage:
@@ -148,45 +129,6 @@ def engine_seconds_in(exposition: str) -> dict[str, float]:
                 if sample.name == f"{ENGINE_CPU}_total":
                     out[sample.labels["runner"]] += sample.value
     return dict(out)
-
-
-@dataclass(frozen=True)
-class Batching:
-    """What a runner's batching has done so far, from the counters on ``/metrics``."""
-
-    calls: float  # HTTP calls answered on the route (BentoML's request counter, any status)
-    engine_calls: float  # ``bundle_batch_rows``' count: one a call
-    rows: float  # its sum: the sequences those calls held
-
-
-def batching(url: str, runner: str = "onnx_runner", route: str = "/embed") -> Batching:
-    """``batching_in`` of the server's ``/metrics`` (a graph's front service has every service's
-    series, as for ``engine_seconds``)."""
-    try:
-        with urllib.request.urlopen(f"{url}/metrics", timeout=30) as resp:
-            return batching_in(resp.read().decode(), runner, route)
-    except urllib.error.HTTPError:  # a server with no /metrics: nothing counted
-        return Batching(0.0, 0.0, 0.0)
-
-
-def batching_in(exposition: str, runner: str = "onnx_runner", route: str = "/embed") -> Batching:
-    """A runner's calls on ``route``, engine calls and their rows, its models added up. Every
-    service's request series carry its own name in ``runner_name`` (BentoML's traffic metrics),
-    so the front service's requests on the same route are told apart by it. Zeros where the
-    series are missing."""
-    calls = engine_calls = rows = 0.0
-    for family in text_string_to_metric_families(exposition):
-        for sample in family.samples:
-            labels = sample.labels
-            if sample.name == f"{REQUESTS}_total":
-                if labels.get("runner_name") == runner and labels.get("endpoint") == route:
-                    calls += sample.value
-            elif family.name == ROWS and labels.get("runner") == runner:
-                if sample.name == f"{ROWS}_count":
-                    engine_calls += sample.value
-                elif sample.name == f"{ROWS}_sum":
-                    rows += sample.value
-    return Batching(calls, engine_calls, rows)
 
 
 def per_request(

@@ -1,9 +1,8 @@
 """The benchmark's load generator: wrk (C, from Debian's packages) with a Lua script that sends JSON
 bodies drawn from the project's corpus and counts every status.
 
-Locust costs a real share of two cores at a few hundred requests/s (measured: ~10-20 % of the
-machine at chat rates); wrk's per-request cost is a few microseconds, so the servers get the
-machine. Like Locust's users, wrk's connections are a closed loop: each sends its next request
+Locust costs a real share of two cores at a few hundred requests/s; wrk's per-request cost is a few
+microseconds, so the servers get the machine (the benchmark checks the load generator's share). Like Locust's users, wrk's connections are a closed loop: each sends its next request
 when the previous one is answered. Locust stays the tool for the user-facing load runs.
 """
 
@@ -19,8 +18,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from loadtests.processes import ROOT
 from models import corpus
+from testkit.processes import ROOT
 
 SCRIPT = ROOT / "loadtests" / "wrk" / "bodies.lua"
 BULK = 32
@@ -46,16 +45,12 @@ def wrk_binary() -> str:
     return found
 
 
-def write_bodies(
-    workload: str, out: Path, backend: str = "", count: int = 2000, encoding: str = ""
-) -> Path:
+def write_bodies(workload: str, out: Path, backend: str = "", count: int = 2000) -> Path:
     """One JSON body per line: chat sends one corpus text per request, bulk 32 (the same texts
-    whatever the backend or the vectors' encoding)."""
+    whatever the backend)."""
     texts = corpus.load_texts()
     rng = random.Random(7)
     extra = {"backend": backend} if backend else {}
-    if encoding:
-        extra["encoding"] = encoding
     per = 1 if workload == "chat" else BULK
     lines = [
         json.dumps(
@@ -63,28 +58,6 @@ def write_bodies(
         )
         for i in range(count)
     ]
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text("\n".join(lines) + "\n")
-    return out
-
-
-def write_classify_bodies(out: Path, tenants: int, zipf_s: float = 1.1, count: int = 4000) -> Path:
-    """One /classify body per line: a demo tenant drawn Zipf-style from ``tenants`` (popularity
-    unrelated to the tenant's number) and one new phrasing of its own intents."""
-    from models import demo_tenants
-
-    rng = random.Random(11)
-    ranked = list(range(1, tenants + 1))
-    rng.shuffle(ranked)
-    weights = [1 / rank**zipf_s for rank in range(1, tenants + 1)]
-    drawn: dict[int, tuple[str, list[str]]] = {}
-    lines = []
-    for index in rng.choices(ranked, weights, k=count):
-        if index not in drawn:
-            spec = demo_tenants.tenant(index)
-            drawn[index] = (spec.name, [text for text, _ in spec.heldout_phrases])
-        name, phrases = drawn[index]
-        lines.append(json.dumps({"tenant": name, "texts": [rng.choice(phrases)]}))
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text("\n".join(lines) + "\n")
     return out

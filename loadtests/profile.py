@@ -5,27 +5,14 @@ Serves the whole graph (``bentoml serve .``), puts chat load on it at the benchm
 runner's worker processes with py-spy (``--nonblocking``: they are not paused; py-spy leaves out
 threads that are idle). Each sample is put in the first category whose rule matches its stack,
 leaf first. The amounts come from /proc (``cpu.py``): each process's CPU per request over the same
-seconds, main thread and other threads apart, split by category in the samples' proportions. The
-samples are not the amounts: py-spy counts a thread that is runnable but waiting for a core as
-active, and on two busy cores a main thread waited for one from ~0.7 to ~2.5 times as long as it ran
-(the profile gives each main thread's run-queue delay from /proc beside its samples and its CPU).
-Python frames only: time in a C or Rust extension is counted at the Python line that called it,
-which the rules name (``_CALLS``).
+seconds, main thread and other threads apart, split by category in the samples' proportions (the
+samples are not the amounts: py-spy counts a thread that waits for a core as active). Python
+frames only: time in a C or Rust extension is counted at the Python line that called it, which
+the rules name (``_CALLS``).
 
-Then, with the stack stopped, the same load on the host's floor (``floor``): a bare Starlette
-route that tokenizes and writes a reply like /embed's, nothing else
-(loadtests/baselines/bare_front.py), answering as fast as it can, and again holding each answer
-so that it answers at the rate the stack did. Its CPU per request is what HTTP, JSON and tokenizing cost on this host at the least,
-so the tokenizer's figure can be read against the machine it ran on. One run of each, after the
-stack's: the floor moves with the host as much as the stack does (compare runs of one day).
-
-Last, what one wake-up of an event loop costs on this host (``wake_cost.py``), beside how many
-times each main thread, and the floor's, woke a request (its voluntary context switches, /proc):
-a part of each thread's CPU that is the host's price for a wake-up times the code's count of them.
-
-A full run records ``loadtests/results/profiles/DATE.json`` and regenerates the profile in
-loadtests/README.md; ``PROFILE_SECONDS`` (default 30) is its length, and a run shorter than that
-(the test's) is not recorded.
+A full run records ``loadtests/results/profiles/DATE.json`` and regenerates
+loadtests/results/profile.md; ``PROFILE_SECONDS`` (default 30) is its length, and a run shorter
+than that (the test's) is not recorded.
 
     python -m loadtests.profile [--seconds 30] [--users 64]
     python -m loadtests.profile --render loadtests/results/profiles/DATE.json
@@ -43,18 +30,15 @@ import sys
 from collections import Counter
 from pathlib import Path
 
-from loadtests import cpu, loadgen, readme_blocks
+from loadtests import cpu, loadgen
 from loadtests.bench import commit
 from loadtests.points import MIDDLE, OUT, bodies
-from loadtests.processes import BIN, ROOT, Server, adopt_orphans, bentoml_serve, uvicorn
-from loadtests.wake_cost import wake_cost_us
+from testkit.processes import BIN, ROOT, Server, adopt_orphans, bentoml_serve
 
 RECORDED = ROOT / "loadtests" / "results" / "profiles"
-README = readme_blocks.README
-BEGIN, END = "<!-- profile:begin -->", "<!-- profile:end -->"
+PROFILE_MD = ROOT / "loadtests" / "results" / "profile.md"
 FULL_SECONDS = 30
 PROCESSES = ("tokenizer", "onnx_runner")
-FLOOR_APP = "loadtests.baselines.bare_front:app"
 
 ASYNC = "asyncio and threads (futures, locks, queues, hand-offs)"
 
@@ -190,16 +174,12 @@ def profile(server: Server, users: int, seconds: float, rate: int = 250) -> dict
     stacks.mkdir(parents=True, exist_ok=True)
     files = {name: stacks / f"{name}.txt" for name in pids}
     before = cpu.snapshot([server.process(), *server.descendants()])
-    waited = {name: cpu.waited_s(pid) for name, pid in pids.items()}
-    woke = {name: cpu.wakeups(pid) for name, pid in pids.items()}
     samplers: dict[str, subprocess.Popen] = {}
     try:
         for name, pid in pids.items():
             samplers[name] = sample(pid, seconds, rate, files[name])
         load = loadgen.run(server.url, "/embed", body, users, seconds)
         after = cpu.snapshot([server.process(), *server.descendants()])
-        waited = {name: cpu.waited_s(pid) - waited[name] for name, pid in pids.items()}
-        woke = {name: cpu.wakeups(pid) - woke[name] for name, pid in pids.items()}
         for name, proc in samplers.items():
             said, _ = proc.communicate(timeout=seconds + 60)
             if proc.returncode or not files[name].exists():
@@ -222,8 +202,6 @@ def profile(server: Server, users: int, seconds: float, rate: int = 250) -> dict
             "from_proc": proc_cpu[name],
             **split(proc_cpu[name], kinds),
             "samples": {kind: sum(by.values()) for kind, by in kinds.items()},
-            "main_waited_ms": round(waited[name] * 1000 / load.ok, 4),
-            "main_wakeups": round(woke[name] / load.ok, 4),
         }
         for name, kinds in counts.items()
     }
@@ -235,41 +213,6 @@ def profile(server: Server, users: int, seconds: float, rate: int = 250) -> dict
         "failed": load.failed + load.shed,
         "requests_per_s": round(load.ok / load.seconds, 1),
         "processes": processes,
-    }
-
-
-def floor(users: int, seconds: float, rate: float) -> dict:
-    """The front door's floor on this host (loadtests/baselines/bare_front.py: HTTP, JSON and
-    tokenizing, nothing else) under the profile's load, served alone once the stack has stopped
-    (the stack's tokenizer shared the two cores with the engine, the sampler and wrk; the floor
-    shares them with wrk only): its CPU ms per request from /proc answering as fast as it can,
-    and answering at ``rate``, the stack's (each answer held ``users / rate`` seconds, a closed
-    loop's latency at that rate, as the stack's answers wait for the engine)."""
-    hold_s = users / rate
-    return {
-        "saturated": _floor_at(users, seconds, 0.0),
-        "at_stack_rate": {"hold_s": round(hold_s, 4), **_floor_at(users, seconds, hold_s)},
-    }
-
-
-def _floor_at(users: int, seconds: float, hold_s: float) -> dict:
-    body = bodies("chat", "")
-    env = {"BARE_FRONT_HOLD_S": str(hold_s)}
-    with uvicorn(FLOOR_APP, OUT / "logs" / "bare_front.log", env) as server:
-        loadgen.run(server.url, "/embed", body, users, 3)  # warm, as the stack was
-        pid = server.process().pid
-        before, woke = cpu.snapshot([server.process()]), cpu.wakeups(pid)
-        load = loadgen.run(server.url, "/embed", body, users, seconds)
-        after, woke = cpu.snapshot([server.process()]), cpu.wakeups(pid) - woke
-    used = cpu.per_request(before, after, load.ok)
-    if len(used) != 1:
-        raise RuntimeError(f"no CPU measured for the floor's server: {load.ok} requests answered")
-    (row,) = used.values()
-    return {
-        "requests_per_s": round(load.ok / load.seconds, 1),
-        "failed": load.failed + load.shed,
-        "cpu_ms": row["total_ms"],
-        "wakeups": round(woke / load.ok, 4),
     }
 
 
@@ -298,100 +241,22 @@ def markdown(data: dict) -> str:
                 f"| {name} | {kind.replace('_', ' ')} | **all** ({p['samples'][kind]:,} samples) "
                 f"| **{total:.3f}** | |"
             )
-    waits = [
-        f"{name} {p['main_waited_ms']:.3f} ms a request ({_sampled_ms(run, p):.3f} sampled as active, "
-        f"against {p['from_proc']['main_ms']:.3f} of CPU)"
-        for name, p in run["processes"].items()
-        if "main_waited_ms" in p
-    ]
-    if waits:
-        lines += [
-            "",
-            "Each main thread also waited for a core, runnable but not running (the run-queue "
-            "delay, /proc schedstat): " + "; ".join(waits) + ". The sampler counts a thread that "
-            "waits for a core as active, so a thread's samples come to about its running and its "
-            "waiting time together: the shares above are of both, and the ms are /proc's CPU "
-            "split in those shares.",
-        ]
-    if "floor" in run:
-        lines += ["", _floor_line(run)]
-    if "wake_up_us" in run:
-        lines += ["", _wake_up_line(run)]
     return (
         "\n".join(lines)
         + f"\n\nMeasured {meta['date'][:10]}, {meta['machine']}, commit {meta['commit']}."
     )
 
 
-def _floor_line(run: dict) -> str:
-    saturated, matched = run["floor"]["saturated"], run["floor"]["at_stack_rate"]
-    tokenizer = run["processes"]["tokenizer"]["from_proc"]["total_ms"]
-    return (
-        "The floor on this host: a bare Starlette route on uvicorn that tokenizes each request and "
-        "writes a reply like /embed's, nothing else (`loadtests/baselines/bare_front.py`), "
-        f"served alone after the stack had stopped, under the same {run['users']} connections. "
-        f"Answering as fast as it could ({saturated['requests_per_s']:.0f} requests/s, "
-        f"{saturated['failed']} failed) it took **{saturated['cpu_ms']:.3f} ms** of CPU a "
-        f"request; holding each answer {matched['hold_s'] * 1000:.0f} ms, so that it answered at "
-        f"the stack's rate ({matched['requests_per_s']:.0f} requests/s, {matched['failed']} "
-        f"failed), **{matched['cpu_ms']:.3f} ms**. "
-        f"The tokenizer spent {tokenizer:.3f} ms a request, {tokenizer / matched['cpu_ms']:.2f}x "
-        "the floor at its rate; the rest is its own work (validation, the coalescing queue, the "
-        "hop to the runner, metrics, BentoML's context) and what sharing the cores with the "
-        "engine costs it."
-    )
-
-
-def _wake_up_line(run: dict) -> str:
-    cost = run["wake_up_us"]
-    woke = [
-        f"{name} {p['main_wakeups']:.2f} times a request, about {p['main_wakeups'] * cost / 1000:.3f}"
-        f" ms of its {p['from_proc']['main_ms']:.3f}"
-        for name, p in run["processes"].items()
-    ]
-    line = (
-        f"Wake-ups: on this host an event loop's wake-up costs **{cost:.0f} µs** of CPU with "
-        "every core busy (`loadtests/wake_cost.py`: a uvloop loop sleeping 2 ms at a time beside "
-        "a spinning process on each core, less a yield's CPU). The main threads woke (voluntary "
-        "context switches, /proc, waits for a lock among them): " + "; ".join(woke) + "."
-    )
-    if "floor" not in run:
-        return line
-    saturated, matched = run["floor"]["saturated"], run["floor"]["at_stack_rate"]
-    more_woken_ms = (matched["wakeups"] - saturated["wakeups"]) * cost / 1000
-    dearer_ms = matched["cpu_ms"] - saturated["cpu_ms"]
-    line += (
-        f" The floor's woke {saturated['wakeups']:.2f} times a request answering as fast as it "
-        f"could and {matched['wakeups']:.2f} at the stack's rate"
-    )
-    if dearer_ms > 0:
-        return line + (
-            f": about {more_woken_ms:.3f} ms of the {dearer_ms:.3f} ms more a request that it cost "
-            f"at that rate ({more_woken_ms / dearer_ms:.0%})."
-        )
-    return line + f", where a request cost it no more ({dearer_ms:+.3f} ms)."
-
-
-def _sampled_ms(run: dict, process: dict) -> float:
-    """A main thread's samples as ms a request: what the sampler saw it active for."""
-    return process["samples"]["main"] * 1000 / run["rate_hz"] / run["requests"]
-
-
-def readme_block(recorded: Path) -> str:
+def render(recorded: Path) -> Path:
+    """loadtests/results/profile.md as the record ``recorded`` gives it."""
     recorded = recorded.resolve()
     data = json.loads(recorded.read_text())
-    return (
-        f"{BEGIN}\n<!-- generated by `make profile` (python -m loadtests.profile --render "
-        f"{recorded.relative_to(ROOT)}); do not edit -->\n{markdown(data)}\n{END}"
+    PROFILE_MD.write_text(
+        f"<!-- generated by `make profile` (python -m loadtests.profile --render "
+        f"{recorded.relative_to(ROOT)}); do not edit -->\n# Where a chat request's CPU goes\n\n"
+        f"{markdown(data)}\n"
     )
-
-
-def readme_profile() -> str:
-    return readme_blocks.read(BEGIN, END)
-
-
-def update_readme(recorded: Path) -> None:
-    readme_blocks.replace(BEGIN, END, readme_block(recorded))
+    return PROFILE_MD
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -404,12 +269,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--users", type=int, default=MIDDLE)
     parser.add_argument("--out", type=Path, default=OUT / "profile.json")
     parser.add_argument(
-        "--render", type=Path, help="regenerate the README's profile from a recorded run"
+        "--render", type=Path, help="regenerate loadtests/results/profile.md from a recorded run"
     )
     args = parser.parse_args(argv)
     if args.render:
-        update_readme(args.render)
-        print(f"written: {README}")
+        print(f"written: {render(args.render)}")
         return 0
     measured = commit()  # the code the server starts with, not what the tree holds at the end
     adopt_orphans()
@@ -418,16 +282,6 @@ def main(argv: list[str] | None = None) -> int:
     with server:
         run = profile(server, args.users, args.seconds)
     args.out.parent.mkdir(parents=True, exist_ok=True)
-
-    def keep() -> None:  # what is measured so far, kept if a later step fails
-        args.out.write_text(json.dumps({"profile": run}, indent=2) + "\n")
-
-    keep()
-    print("profile: the floor, a bare Starlette route alone, same load", flush=True)
-    run["floor"] = floor(args.users, args.seconds, run["requests_per_s"])
-    keep()
-    print("profile: what a wake-up of an event loop costs here", flush=True)
-    run["wake_up_us"] = round(wake_cost_us(), 1)
     data = {
         "meta": {
             "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
@@ -442,19 +296,13 @@ def main(argv: list[str] | None = None) -> int:
     written = [args.out]
     if "+" in measured:
         print(f"not recorded: the tree has uncommitted changes ({measured})")
-    elif args.seconds >= FULL_SECONDS and not run["failed"] and not _floor_failures(run):
+    elif args.seconds >= FULL_SECONDS and not run["failed"]:
         RECORDED.mkdir(parents=True, exist_ok=True)
         recorded = RECORDED / f"{data['meta']['date'][:10]}.json"
         recorded.write_text(json.dumps(data, indent=2) + "\n")
-        update_readme(recorded)
-        written += [recorded, README]
+        written += [recorded, render(recorded)]
     print("\nwritten: " + ", ".join(str(p) for p in written))
-    return 1 if run["failed"] or _floor_failures(run) else 0
-
-
-def _floor_failures(run: dict) -> int:
-    """Requests the floor's server failed or shed, over both of its loads."""
-    return sum(at["failed"] for at in run["floor"].values())
+    return 1 if run["failed"] else 0
 
 
 if __name__ == "__main__":

@@ -20,29 +20,28 @@ import statistics
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-# 4 since 8cff2a0's record (its loadtests/results/2026-11-26.json, in git history: a later run
-# of the same date replaced it) found int8's best plan at 8 rows at
-# both ends of its run, and fp32's at its start, then the bottom of the sweep.
+# The sweep reaches past every best plan a record has found (``at_edge`` warns when one is at an
+# end): its history is in loadtests/README.md.
 ROW_COUNTS = (4, 8, 16, 32, 64, 128)
-# 256 since 086d694's record (loadtests/results/2026-11-25.json) found fp32's best plan at its
-# start and int8's overall at 512, then the bottom of the sweep; 128 since d3c38e5's record
-# (loadtests/results/2026-11-26.json) found fp32's best plan at its start at 256, the bottom.
 TOKEN_BUDGETS = (128, 256, 512, 1024, 2048, 4096)
+# A quick run (CI) times every other plan of each kind, on fewer texts.
+QUICK_PLANS = ROW_COUNTS[1::2], TOKEN_BUDGETS[1::2]
 
 
 def sample(texts: list[str], limit: int | None) -> list[str]:
     """Every k-th text in length order, at least ``limit`` of them: the corpus's own lengths. The
     served points draw from the whole corpus, so a limit measured on texts longer than its average
-    (the first 500 are 4 % longer) would sit below what the stack serves: a quick run once failed
-    as "served above raw" for that alone."""
+    would sit below what the stack serves, and the run would fail as "served above raw"."""
     if limit is None or limit >= len(texts):
         return texts
     return sorted(texts, key=len)[:: len(texts) // limit]
 
 
-def raw_engine(model: str, repeats: int, texts_limit: int | None = None) -> dict:
+def raw_engine(
+    model: str, repeats: int, texts_limit: int | None = None, quick: bool = False
+) -> dict:
     """Sentences/s of the engine alone on the load-test corpus (about ``texts_limit`` of its texts,
-    in a quick run): the best plan, its median rate."""
+    in a quick run, and ``QUICK_PLANS``): the best plan, its median rate."""
     from models import corpus, store
     from serving import contracts
     from serving.batching import plan
@@ -75,7 +74,8 @@ def raw_engine(model: str, repeats: int, texts_limit: int | None = None) -> dict
             list(lanes.map(lambda batch: lane(pad(batch)), batches))
 
     layouts = ("1 session", f"{cores} lanes")
-    plans = [("rows", n) for n in ROW_COUNTS] + [("tokens", n) for n in TOKEN_BUDGETS]
+    rows, budgets = QUICK_PLANS if quick else (ROW_COUNTS, TOKEN_BUDGETS)
+    plans = [("rows", n) for n in rows] + [("tokens", n) for n in budgets]
     rates: dict[str, list[float]] = {
         f"{kind} {size}, {layout}": [] for layout in layouts for kind, size in plans
     }

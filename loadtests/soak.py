@@ -2,32 +2,19 @@
 
     python -m loadtests.soak [--seconds 600] [--interval 30] [--json build/soak.json]   (make soak)
 
-1. A graph is started on a fresh tenant store (or ``--url`` names a running one) and one tenant is
-   trained, so that /classify and the registry are exercised for real.
-2. **Capacity** of the mix: a closed loop of 8 clients for 10 s, requests/s.
-3. **Soak**: open-loop arrivals at 70 % of that rate, each request drawn from the mix (embed on
-   every backend, similarity, tokenize, inference, classify, tenants/show and list), for
-   ``--seconds``; beside it, a registry write every 10 s, in turn on a scratch tenant:
-   train, upload (an archive of the trained tenant, when the store is this process's own), delete.
-   Every ``--interval`` seconds each server process (the arbiter and every worker, by PID) reports
-   its resident memory, its open descriptors other than sockets, and its sockets.
-4. **At rest**, before the soak and after it: once the servers have closed every idle connection,
-   each process's sockets are counted again (the first count, before, follows one registry write
-   of each kind, so that what a route opens once and keeps is already open).
+A graph on a fresh tenant store (or ``--url``'s) with one trained tenant; the mix's capacity from a
+closed loop of 8 clients; then open-loop arrivals (openloop.py) at 70 % of it for ``--seconds``,
+each request drawn from the mix (embed on every backend, similarity, tokenize, inference, classify,
+the registry's reads), beside a registry write every 10 s on a scratch tenant (train, upload,
+delete in turn). Every ``--interval`` each server process reports its resident memory, its
+descriptors other than sockets, and its sockets; before the soak and after it, at rest (every idle
+connection closed by the servers' keep-alive timeout), each process's sockets are counted again.
 
-It fails (exit 1) if any request fails (anything but a 200, a transport error included), if any
-process's resident memory or non-socket descriptor count grows by more than 10 % after warm-up (a
-fifth of the run, at least one interval: the last third of the samples after it against the first
-third), or if any process holds more than SOCKET_SLACK sockets more at rest after the soak than
-before it, or its sockets do not settle.
-
-Sockets are judged at rest, not under load: under load they follow the concurrency (the clients'
-connections and the pools between the services, each a socket at both ends: the tokenizer's went
-from 6 to 27 in a 60 s soak, and +21 % of its descriptors once failed the CI soak). Every server
-closes a connection idle for its keep-alive timeout (uvicorn's 5 s, which BentoML passes to its
-workers), and the clients close their end when it does, so at rest each process is back to the few
-sockets it holds for itself (6 a process on these machines: the soak's table shows them) and a
-socket still open then is a leak.
+It fails (exit 1) if any request fails, if any process's memory or non-socket descriptors grow by
+more than 10 % after warm-up (the last third of the samples after it against the first third), or
+if any process holds more than SOCKET_SLACK sockets more at rest after the soak than before it.
+Sockets are judged at rest: under load they follow the concurrency; at rest each process is back
+to the few it holds for itself, and one still open then is a leak.
 """
 
 from __future__ import annotations
@@ -42,21 +29,20 @@ import sys
 import tempfile
 import time
 from collections import Counter
-from dataclasses import dataclass, field
 from pathlib import Path
 
-import httpx
 import psutil
 
-from loadtests.processes import ROOT, Server, bentoml_serve
+from loadtests.openloop import Driver, Outcome, Request, failures
 from models import corpus, demo_tenants
 from runners.tenants.store import TenantStore
+from testkit.processes import ROOT, Server, bentoml_serve
 
 GROWTH_LIMIT = 0.10
 FD_SLACK = 2  # non-socket descriptors that may come and go (see growth)
-# A socket more at rest. A leak per request passes it at once; one per registry write needs writes:
-# the CI soak makes 5-6 in 60 s (train, upload, delete in turn), `make soak` 60 in 10 minutes, so a
-# leak on one kind of write alone (2 in CI) shows only in `make soak`.
+# A socket more at rest. A leak per request passes it at once; one per registry write needs
+# writes, and a short soak makes few of them: a leak on one kind of write alone shows only in
+# `make soak`'s full length.
 SOCKET_SLACK = 1
 KEEPALIVE_S = 5.0  # uvicorn's default keep-alive timeout, which BentoML passes to its workers
 REST_TIMEOUT_S = 60.0
@@ -67,31 +53,16 @@ CONNECTIONS = 32
 WRITE_EVERY_S = 10.0  # train, upload, delete the scratch tenant in turn
 
 
-@dataclass
-class Soak:
-    url: str
-    rng: random.Random = field(default_factory=lambda: random.Random(5))
-    statuses: Counter = field(default_factory=Counter)
-    failures: Counter = field(default_factory=Counter)
-    paths: Counter = field(default_factory=Counter)  # requests sent, by endpoint
+class Mix:
+    """Every public endpoint, mixed, each backend: what a soak request is drawn from."""
 
-    def __post_init__(self) -> None:
+    def __init__(self) -> None:
         self.texts = corpus.load_texts()
         self.tenant_texts = [t for t, _ in demo_tenants.tenant(1).heldout_phrases]
-        self.client = httpx.AsyncClient(
-            base_url=self.url,
-            timeout=30,
-            limits=httpx.Limits(
-                max_connections=CONNECTIONS,
-                max_keepalive_connections=CONNECTIONS,
-                keepalive_expiry=2.0,
-            ),
-        )
 
-    def request(self) -> tuple[str, dict]:
-        """One request of the mix: every public endpoint, each backend."""
-        texts = self.rng.sample(self.texts, self.rng.randint(1, 4))
-        kind = self.rng.randrange(9)
+    def request(self, rng: random.Random) -> Request:
+        texts = rng.sample(self.texts, rng.randint(1, 4))
+        kind = rng.randrange(9)
         if kind < 3:
             return "/embed", {"texts": texts, "backend": ("onnx", "onnx-int8", "tf")[kind]}
         if kind == 3:
@@ -99,92 +70,56 @@ class Soak:
         if kind == 4:
             return "/tokenize", {
                 "texts": texts,
-                "tokenizer": self.rng.choice(["minilm", "sentencepiece"]),
+                "tokenizer": rng.choice(["minilm", "sentencepiece"]),
             }
         if kind == 5:
             return "/inference", {"input_text": texts[0]}
         if kind == 6:
-            return "/classify", {"tenant": TENANT, "texts": self.rng.sample(self.tenant_texts, 2)}
+            return "/classify", {"tenant": TENANT, "texts": rng.sample(self.tenant_texts, 2)}
         if kind == 7:
             return "/tenants/show", {"tenant": TENANT}
         return "/tenants/list", {}
 
-    async def one(self, request: tuple[str, dict] | None = None, **files) -> None:
-        path, body = request or self.request()
-        self.paths[path] += 1
+
+async def train_tenant(driver: Driver) -> None:
+    examples = [{"text": t, "intent": i} for t, i in demo_tenants.tenant(1).train]
+    resp = await driver.client.post(
+        "/tenants/train", json={"tenant": TENANT, "examples": examples}, timeout=300
+    )
+    resp.raise_for_status()
+
+
+async def registry_write(
+    driver: Driver, step: str, archive: Path | None, into: list[Outcome]
+) -> None:
+    """One write on the scratch tenant: train, upload (only when there is an archive), delete."""
+    if step == "train":
+        # every 8th example: the training set is grouped by intent, so this spans all of them
+        examples = [{"text": t, "intent": i} for t, i in demo_tenants.tenant(2).train[::8]]
+        body = {"tenant": SCRATCH, "examples": examples}
+        await driver.one(into, ("/tenants/train", body), timeout_s=300)
+    elif step == "upload" and archive is not None:
+        files = {"file": ("m.tar.gz", archive.read_bytes())}
+        await driver.one(into, ("/tenants/upload", {"tenant": SCRATCH}), files=files, timeout_s=120)
+    elif step == "delete":
+        await driver.one(into, ("/tenants/delete", {"tenant": SCRATCH}))
+
+
+async def registry_writes(
+    driver: Driver, archive: Path | None, stop: asyncio.Event, into: list[Outcome], every_s: float
+) -> None:
+    """Train, upload (when there is an archive) and delete the scratch tenant, in turn, every
+    ``every_s`` until ``stop``: a write under way is finished, not cancelled (its answer counts,
+    and the sockets at rest are not those of a training still running)."""
+    turn = 0
+    while True:
         try:
-            if files:  # a multipart upload
-                resp = await self.client.post(path, data=body, files=files, timeout=120)
-            else:
-                resp = await self.client.post(
-                    path, json=body, timeout=300 if "train" in path else 30
-                )
-            self.statuses[resp.status_code] += 1
-            if resp.status_code != 200:
-                self.failures[f"{path} {resp.status_code} {resp.text[:80]}"] += 1
-        except httpx.HTTPError as exc:
-            self.statuses[0] += 1
-            self.failures[f"{path} {type(exc).__name__}"] += 1
-
-    async def train_tenant(self) -> None:
-        examples = [{"text": t, "intent": i} for t, i in demo_tenants.tenant(1).train]
-        resp = await self.client.post(
-            "/tenants/train", json={"tenant": TENANT, "examples": examples}, timeout=300
-        )
-        resp.raise_for_status()
-
-    async def registry_writes(
-        self, every_s: float, archive: Path | None, stop: asyncio.Event
-    ) -> None:
-        """Train, upload (when there is an archive) and delete the scratch tenant, in turn, until
-        ``stop``: a write under way is finished, not cancelled (its answer counts, and the sockets
-        at rest are not those of a training still running)."""
-        turn = 0
-        while True:
-            try:
-                await asyncio.wait_for(stop.wait(), every_s)
-                return
-            except TimeoutError:
-                pass
-            await self.registry_write(("train", "upload", "delete")[turn % 3], archive)
-            turn += 1
-
-    async def registry_write(self, step: str, archive: Path | None) -> None:
-        """One write on the scratch tenant: train, upload (only when there is an archive), delete."""
-        if step == "train":
-            # every 8th example: the training set is grouped by intent, so this spans all of them
-            examples = [{"text": t, "intent": i} for t, i in demo_tenants.tenant(2).train[::8]]
-            await self.one(("/tenants/train", {"tenant": SCRATCH, "examples": examples}))
-        elif step == "upload" and archive is not None:
-            with archive.open("rb") as fh:
-                await self.one(
-                    ("/tenants/upload", {"tenant": SCRATCH}), file=("m.tar.gz", fh.read())
-                )
-        elif step == "delete":
-            await self.one(("/tenants/delete", {"tenant": SCRATCH}))
-
-    async def capacity(self, seconds: float = 10, clients: int = 8) -> float:
-        stop = time.monotonic() + seconds
-        done = 0
-
-        async def client() -> None:
-            nonlocal done
-            while time.monotonic() < stop:
-                await self.one()
-                done += 1
-
-        await asyncio.gather(*(client() for _ in range(clients)))
-        return done / seconds
-
-    async def open_loop(self, per_s: float, seconds: float) -> None:
-        started = time.monotonic()
-        tasks = []
-        for i in range(int(per_s * seconds)):
-            delay = started + i / per_s - time.monotonic()
-            if delay > 0:
-                await asyncio.sleep(delay)
-            tasks.append(asyncio.create_task(self.one()))
-        await asyncio.gather(*tasks)
+            await asyncio.wait_for(stop.wait(), every_s)
+            return
+        except TimeoutError:
+            pass
+        await registry_write(driver, ("train", "upload", "delete")[turn % 3], archive, into)
+        turn += 1
 
 
 def processes(server: Server | None) -> list[psutil.Process]:
@@ -283,35 +218,37 @@ def growth(samples: list[dict], warmup_s: float) -> dict[str, dict[str, float]]:
         for figure in ("rss_mb", "fds"):
             before = statistics.median(s[key][figure] for s in first)
             after_ = statistics.median(s[key][figure] for s in last)
-            # Non-socket descriptors are about 20 a process: one more is 5 %. A leak per request
-            # passes this slack at once; one per registry write (5-6 in 60 s) needs `make soak`'s
-            # 10 minutes to show.
+            # Non-socket descriptors are a few dozen a process: one more is a few percent. A leak
+            # per request passes this slack at once; one per registry write needs `make soak`'s
+            # full length to show.
             slack = FD_SLACK if figure == "fds" else 0
             result[key][figure] = round(max(0.0, after_ - before - slack) / before, 4)
     return result
 
 
 async def run(
-    url: str, server: Server | None, seconds: float, interval: float, store: Path | None = None
+    url: str,
+    server: Server | None,
+    seconds: float,
+    interval: float,
+    store: Path | None = None,
+    write_every_s: float = WRITE_EVERY_S,
 ) -> dict:
     """``store``: the server's tenant store, when it is ours (the upload then sends an archive of
     the trained tenant)."""
-    soak = Soak(url)
-    try:
-        await soak.train_tenant()
+    mix = Mix()
+    async with Driver(url, mix.request, connections=CONNECTIONS, seed=5) as driver:
+        await train_tenant(driver)
         archive = None
         if store is not None:
             archive = TenantStore(store).archive(TENANT, Path(tempfile.mkdtemp()) / "soak.tar.gz")
-        capacity = await soak.capacity()
+        before: list[Outcome] = []  # the capacity run and the first writes
+        capacity = await driver.closed(8, min(10.0, seconds / 4), before)
         rest_before, settled_before = {}, True
         if server is not None:
             for step in ("train", "upload", "delete"):
-                await soak.registry_write(step, archive)
+                await registry_write(driver, step, archive, before)
             rest_before, settled_before = await at_rest(server)
-        capacity_failures = dict(soak.failures)  # of the capacity run and these first writes
-        soak.statuses.clear()
-        soak.failures.clear()
-        soak.paths.clear()
         per_s = LOAD_SHARE * capacity
         print(
             f"capacity {capacity:.1f} requests/s of the mix; soak at {per_s:.1f}/s for {seconds:.0f} s",
@@ -327,11 +264,14 @@ async def run(
                 print(f"  t={t:>5.0f} s  {samples[-1]['processes']}", flush=True)
                 await asyncio.sleep(interval)
 
+        outcomes: list[Outcome] = []
         watcher = asyncio.create_task(watch())
         # A registry write every WRITE_EVERY_S: the first, a training, comes before the baseline.
         stop = asyncio.Event()
-        writer = asyncio.create_task(soak.registry_writes(WRITE_EVERY_S, archive, stop))
-        await soak.open_loop(per_s, seconds)
+        writer = asyncio.create_task(
+            registry_writes(driver, archive, stop, outcomes, write_every_s)
+        )
+        await driver.open(per_s, seconds, outcomes)
         watcher.cancel()
         stop.set()
         await writer
@@ -345,17 +285,20 @@ async def run(
         if server is not None:
             rest_after, settled_after = await at_rest(server)
         sockets_grown = socket_growth(rest_before, rest_after)
+        failed, failed_before = failures(outcomes), failures(before)
+        by_path = Counter(o.path for o in outcomes)
+        statuses = Counter(str(o.status) for o in outcomes)
         return {
             "seconds": seconds,
             "interval_s": interval,
             "warmup_s": warmup_s,
             "capacity_per_s": round(capacity, 2),
             "offered_per_s": round(per_s, 2),
-            "requests": sum(soak.statuses.values()),
-            "statuses": {str(k): v for k, v in sorted(soak.statuses.items())},
-            "by_path": dict(sorted(soak.paths.items())),
-            "failures": dict(soak.failures.most_common()),
-            "capacity_failures": capacity_failures,
+            "requests": len(outcomes),
+            "statuses": dict(sorted(statuses.items())),
+            "by_path": dict(sorted(by_path.items())),
+            "failures": dict(failed.most_common()),
+            "capacity_failures": dict(failed_before.most_common()),
             "samples": samples,
             "growth_after_warmup": grown,
             "worst_growth": worst,
@@ -366,8 +309,8 @@ async def run(
             },
             "sockets_grown_at_rest": sockets_grown,
             # With --url the processes are not ours to sample: only the requests decide then.
-            "passed": not soak.failures
-            and not capacity_failures
+            "passed": not failed
+            and not failed_before
             and (
                 server is None
                 or (
@@ -380,8 +323,6 @@ async def run(
                 )
             ),
         }
-    finally:
-        await soak.client.aclose()
 
 
 def render(report: dict) -> str:

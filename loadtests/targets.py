@@ -14,25 +14,14 @@ def _row(rows: list[dict], system: str, workload: str, users: int) -> dict:
     )
 
 
-def targets(
-    rows: list[dict],
-    ratio_rows: list[dict],
-    users: list[int],
-    middle: int,
-    every_row: list[dict],
-) -> list[dict]:
-    """``middle``: the load the ratios are checked at; ``users``: every load of the run;
-    ``every_row``: every point's row of the run (the systems', and the encodings', /classify's and
-    the paths' beside them), for what is checked at every point: the load generator's share."""
+def _at_least(value: float | None, limit: float) -> bool:
+    return value is not None and value >= limit
+
+
+def targets(rows: list[dict], ratio_rows: list[dict], users: list[int], middle: int) -> list[dict]:
+    """``middle``: the load the ratios are checked at; ``users``: every load of the run."""
     at = {(r["workload"], r["users"]): r for r in ratio_rows}
     chat, bulk = at[("chat", middle)], at[("bulk", middle)]
-
-    def check(key: str, name: str, ok: bool, measured: str) -> dict:
-        return {"key": key, "target": name, "met": bool(ok), "measured": measured}
-
-    def ge(value: float | None, limit: float) -> bool:
-        return value is not None and value >= limit
-
     stack_points = [r for r in rows if r["system"] in (STACK, INT8) and r["users"] == middle]
     failures = sum(r["failures"] + r["shed"] for r in stack_points)
     chat_cpu = _row(rows, STACK, "chat", middle)["cpu_ms_per_request"]
@@ -44,73 +33,58 @@ def targets(
     one = min(users)
     stack_p50 = _row(rows, STACK, "chat", one)["p50_ms"]
     fastapi_p50 = _row(rows, FASTAPI, "chat", one)["p50_ms"]
-    loadgen = max(r["loadgen_cpu_share"] for r in every_row)
-    return [
-        check(
-            "chat_raw",
+    loadgen = max(r["loadgen_cpu_share"] for r in rows)
+    int8 = chat.get("int8_over_fp32")
+    checks = [
+        (
             f"chat served/raw >= 0.70 ({middle} users)",
-            ge(chat["served_over_raw"], 0.70),
+            _at_least(chat["served_over_raw"], 0.70),
             f"{chat['served_over_raw']:.2f}",
         ),
-        check(
-            "bulk_raw",
+        (
             f"bulk served/raw >= 0.90 ({middle} users)",
-            ge(bulk["served_over_raw"], 0.90),
+            _at_least(bulk["served_over_raw"], 0.90),
             f"{bulk['served_over_raw']:.2f}",
         ),
-        check(
-            "chat_fastapi",
+        (
             f"chat >= 1.75x fastapi ({middle} users)",
-            ge(chat["vs_fastapi"], 1.75),
+            _at_least(chat["vs_fastapi"], 1.75),
             f"{chat['vs_fastapi']:.2f}x",
         ),
-        check(
-            "chat_handwritten",
+        (
             f"chat >= 1.0x hand-written batching ({middle} users)",
-            ge(chat["vs_handwritten"], 1.0),
+            _at_least(chat["vs_handwritten"], 1.0),
             f"{chat['vs_handwritten']:.2f}x",
         ),
-        check(
-            "bulk_fastapi",
+        (
             f"bulk >= 2.5x fastapi ({middle} users)",
-            ge(bulk["vs_fastapi"], 2.5),
+            _at_least(bulk["vs_fastapi"], 2.5),
             f"{bulk['vs_fastapi']:.2f}x",
         ),
-        check(
-            "int8_chat",
-            f"int8 >= 1.5x fp32 on chat ({middle} users)",
-            ge(chat.get("int8_over_fp32"), 1.5),
-            f"{chat.get('int8_over_fp32') or 0:.2f}x",
-        ),
-        check(
-            "failures",
-            f"stack: 0 failed or shed requests ({middle} users)",
-            failures == 0,
-            str(failures),
-        ),
-        check(
-            "one_client",
+        (f"int8 >= 1.5x fp32 on chat ({middle} users)", _at_least(int8, 1.5), f"{int8 or 0:.2f}x"),
+        (f"stack: 0 failed or shed requests ({middle} users)", failures == 0, str(failures)),
+        (
             f"one client: stack p50 <= 1.3x fastapi's ({one} user)",
             stack_p50 <= 1.3 * fastapi_p50,
             # Three places: a ratio a hair above its limit must not print as the limit itself.
             f"{stack_p50:.2f} vs {fastapi_p50:.2f} ms ({stack_p50 / fastapi_p50:.3f}x)",
         ),
-        check(
-            "tokenizer_cpu",
+        (
             f"tokenizer CPU <= {TOKENIZER_MS} ms per chat request ({middle} users)",
             tokenizer_ms is not None and tokenizer_ms <= TOKENIZER_MS,
             f"{tokenizer_ms} ms",
         ),
-        check(
-            "runner_cpu",
+        (
             f"onnx runner non-engine CPU <= {RUNNER_SERVING_MS} ms per chat request ({middle} users)",
             runner_ms is not None and runner_ms <= RUNNER_SERVING_MS,
             "not measured" if runner_ms is None else f"{runner_ms} ms",
         ),
-        check(
-            "loadgen",
+        (
             f"load generator <= {LOADGEN_SHARE:.0%} of the machine at every point",
             loadgen <= LOADGEN_SHARE,
             f"max {loadgen:.1%}",
         ),
+    ]
+    return [
+        {"target": name, "met": bool(ok), "measured": measured} for name, ok, measured in checks
     ]

@@ -26,11 +26,11 @@ from pathlib import Path
 import httpx
 import numpy as np
 
-from loadtests.processes import ROOT, Server, bentoml_serve
 from models import demo_tenants as demo
 from runners.tenants.loader import RESIDENT_PER_FILE_BYTE
 from runners.tenants.settings import TenantRunnerSettings, default_store
 from runners.tenants.store import TenantStore, size_of
+from testkit.processes import ROOT, Server, bentoml_serve
 
 
 @dataclass

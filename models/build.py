@@ -97,9 +97,9 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def bentoml_home() -> str:
-    from bentoml._internal.configuration.containers import BentoMLContainer
+    from serving.internals import bentoml_home as home
 
-    return str(BentoMLContainer.bentoml_home.get())
+    return str(home())
 
 
 if __name__ == "__main__":

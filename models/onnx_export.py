@@ -21,34 +21,24 @@ DYNAMIC_AXES = {spec.name: {0: "batch", 1: "sequence"} for spec in SENTENCE_EMBE
     "sentence_embedding": {0: "batch"}
 }
 # Per-channel weights and a reduced range (7-bit weights): per-tensor u8s8 saturated on AVX2 and
-# lost ~4 % cosine. With a reduced range AVX2's u8s8 products cannot saturate (VNNI's never do), so
-# a host without VNNI does not lose accuracy that a build host with it never saw.
-QUANTISATION = {
+# lost accuracy; with a reduced range AVX2's u8s8 products cannot saturate (VNNI's never do), so a
+# host without VNNI does not lose accuracy that a build host with it never saw.
+QUANTISATION: dict[str, Any] = {
     "per_channel": True,
     "reduce_range": True,
     "weight_type": "QInt8",
     "op_types_to_quantize": ["MatMul"],
 }
-# SmoothQuant before quantising (models/smoothing.py). Measured on the gate's 256 held-out
-# sentences, cosine against fp32 (mean / min), and int8's speed against fp32's (length-sorted
-# corpus batches of 8 and 32 rows, one and two threads, 2-core host of raw fp32 ~360 sentences/s):
-# - not smoothed, the six FFN down-projections (GELU outputs, with outlier channels) kept fp32 (the
-#   build before this one): 0.9949 / 0.9654, 1.6x;
-# - not smoothed, every MatMul quantised: 0.9907 / 0.9465, under the gate's 0.95 minimum;
-# - smoothed at alpha 0.5 everywhere: 0.9841 / 0.9253; with 0.6 on the down-projections (their
-#   outliers need more of the difficulty moved into the weights; the minimum at 0.55: 0.9527,
-#   0.7: 0.9601, 0.8: 0.9372): 0.9925 / 0.9651, 2.2-2.4x;
-# - that, with layer 0's down-projection kept fp32 (of the six layers' kept in turn, the best on
-#   both figures): 0.9951 / 0.9772, 2.1-2.2x (the build's own check, batches of 32 on two
-#   threads: 1.95-2.08x over this session's builds). The same layout not smoothed: 0.9928 /
-#   0.9504, at the gate's edge.
-# What is built is the last. Alpha and the kept layer were chosen on the gate's own sentences, so
-# also checked on 1,024 texts of the load-test corpus, chat and prose (the old build / this one):
-# 0.9953 / 0.9681 and 0.9953 / 0.9752. On make parity's 600 pairs against PyTorch, both flip 6
-# labels (the gate allows 6); the mean |difference| of a pair's cosine is 0.0089 and 0.0097.
-# Calibration: 512 prose sentences of the corpus's 'train' partition (no chat utterances).
+# SmoothQuant before quantising (models/smoothing.py). The feed-forward down-projections read GELU's
+# outputs, whose outlier channels need more of the difficulty moved into the weights; the first
+# layer's is kept in fp32. Chosen on the gate's sentences and checked on the load-test corpus
+# (docs/decisions/0016-int8-smoothing.md). Calibration: prose of the corpus's 'train' partition.
 FFN_DOWN = r"layer\.\d+/output/dense/MatMul$"
-SMOOTHING = {"alpha": 0.5, "alpha_by_node": {FFN_DOWN: 0.6}, "calibration_sentences": 512}
+SMOOTHING: dict[str, Any] = {
+    "alpha": 0.5,
+    "alpha_by_node": {FFN_DOWN: 0.6},
+    "calibration_sentences": 512,
+}
 FP32_NODES = r"layer\.0/output/dense/MatMul$"
 
 

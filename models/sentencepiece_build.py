@@ -12,13 +12,14 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from serving.contracts import SPM_VOCAB
 
 # T5's conventions (pad 0, eos 1, unk 2, no bos) so T5Tokenizer maps ids one to one.
 # A 2,000-piece vocabulary (serving.contracts.SPM_VOCAB) is what the corpus supports (sentencepiece refuses more than ~2,900);
 # one thread keeps training deterministic.
-TRAINER = {
+TRAINER: dict[str, Any] = {
     "model_type": "unigram",
     "vocab_size": SPM_VOCAB,
     "character_coverage": 1.0,

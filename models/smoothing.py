@@ -22,6 +22,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -102,7 +103,7 @@ def smooth(
     maxima = channel_maxima(model, list(groups), calibration)
     weights = {init.name: init for init in graph.initializer}
     made_by = {out: index for index, node in enumerate(graph.node) for out in node.output}
-    inserts: list[tuple[int, object]] = []
+    inserts: list[tuple[int, Any]] = []  # (position, a NodeProto)
     for tensor, matmuls in groups.items():
         rows = [numpy_helper.to_array(weights[node.input[1]]) for node in matmuls]
         weight_max = np.max([np.abs(w).max(axis=1) for w in rows], axis=0)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 from typing import Any
 
 from serving.batching import Batcher, Engine, Lanes, Policy
@@ -23,10 +24,10 @@ def calibrate(engine: Engine, rows: int = 16, length: int = 32) -> float:
 
 def batchers(
     runner: str,
-    engines: dict[str, Engine],
+    engines: Mapping[str, Engine],
     policy: Policy,
     lanes: int = 1,
-    solos: dict[str, Engine] | None = None,
+    solos: Mapping[str, Engine] | None = None,
 ) -> dict[str, Batcher]:
     """One batcher per model, all sharing the instance's ``lanes``: calls of every model together
     never run on more lanes than the instance has cores for. ``solos``: each model's engine for a

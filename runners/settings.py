@@ -10,7 +10,6 @@ from __future__ import annotations
 from pydantic import Field, model_validator
 
 from serving.batching import Policy
-from serving.hot_path import HotPathService
 from serving.settings import ServiceSettings, available_cores
 
 
@@ -83,7 +82,7 @@ class RunnerSettings(ServiceSettings):
         kept out of tracing unless ``trace_requests`` is on (the APIs among them are then answered
         on the lean path; TF Serving's predict route, which has path parameters, by BentoML)."""
         return {
-            "service_class": HotPathService,
+            "service_class": self.service_class(),
             "workers": self.workers,
             "tracing": self.tracing(hot_routes),
             "traffic": {"timeout": self.timeout_s},

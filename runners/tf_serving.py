@@ -310,14 +310,15 @@ def openapi_paths(names: list[str], contract: Contract) -> dict[str, Any]:
     }
     flags = {"type": "array", "items": {"type": "integer", "enum": [0, 1]}}
     types = {"type": "array", "items": {"type": "integer", "enum": [0]}}
+    properties = {"input_ids": ids, "attention_mask": flags, "token_type_ids": types}
     row = {  # one sequence; attention_mask and token_type_ids as long as input_ids
         "type": "object",
-        "properties": {"input_ids": ids, "attention_mask": flags, "token_type_ids": types},
+        "properties": properties,
         "required": ["input_ids"],
         "additionalProperties": False,
     }
     rows = {"type": "array", "items": ids, "minItems": 1, "maxItems": MAX_SEQUENCES}
-    columns = {**row, "properties": {k: {**rows, "items": v} for k, v in row["properties"].items()}}
+    columns = {**row, "properties": {k: {**rows, "items": v} for k, v in properties.items()}}
     signature = {"type": "string", "enum": [SIGNATURE]}
     request = {
         "oneOf": [

@@ -68,8 +68,8 @@ class ConformingErrors:
         async def relay(message: dict[str, Any]) -> None:
             nonlocal held
             if message["type"] == "http.response.start" and 400 <= message["status"] < 500:
-                headers = dict(message.get("headers", []))
-                if headers.get(b"content-type", b"").startswith(b"application/json"):
+                named = dict(message.get("headers", []))
+                if named.get(b"content-type", b"").startswith(b"application/json"):
                     held = message  # send it once the body is rewritten
                     return
             elif held is not None and message["type"] == "http.response.body":

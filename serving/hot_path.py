@@ -5,7 +5,8 @@ middleware, its metrics middleware, OpenTelemetry's (which rebuilds the URL to t
 list even for excluded routes), the access log, a timeout middleware that starts a task per request,
 the service's own middlewares, a context middleware, Starlette's exception middleware and router,
 and an endpoint wrapper that calls ``inspect.signature`` per request. For a one-sentence request
-that machinery was most of the tokenizer's CPU (loadtests/README.md measures both paths).
+that machinery is a large share of the tokenizer's CPU (``make ab`` measures both paths:
+loadtests/README.md).
 
 ``HotPath`` sits in front of the app BentoML builds and answers the *hot routes* itself: the POST
 routes a service keeps out of tracing (``ServiceSettings.trace_requests`` off, the default) — its
@@ -34,10 +35,16 @@ It also tunes Python's cyclic collector once the app's start-up is complete (``_
 the objects start-up made are frozen (``gc.freeze``), so full collections stop scanning them, and
 young collections start later, so they stop scanning the requests in flight every few requests.
 
-Installed by an upstream-style override: ``bentoml.service(service_class=HotPathService)`` (a
+Installed by an upstream-style override: ``bentoml.service(service_class=lean_service(mode))`` (a
 parameter of BentoML's own decorator) whose ``to_asgi`` — what every ``bentoml serve`` and
 ``start-http-server`` worker calls — returns ``HotPath(app)``. ``tests/unit/test_hot_path.py`` pins
 that both paths answer alike.
+
+Everything private it touches is reached through serving/internals.py. It falls back to BentoML's
+own path, with one warning naming what it met, whenever that is not what it was written for: a
+BentoML version it does not know (unless ``lean_path`` is ``on``), a private module that does not
+import, an attribute it cannot read when it builds its routes, or a layer in BentoML's stack that it
+does not know. ``lean_path=off`` turns it off outright (``make ab`` measures that configuration).
 """
 
 from __future__ import annotations
@@ -51,11 +58,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from timeit import default_timer
 from typing import Any
 
-from _bentoml_impl.serde import JSONSerde, Payload, PickleSerde, Serde
-from _bentoml_sdk import Service, get_current_service
-from _bentoml_sdk.io_models import ARGS, KWARGS, IORootModel, IterableResponse
-from bentoml._internal.server.http_app import log_exception
-from bentoml._internal.utils.http import set_cookies
+from bentoml import Service, get_current_service
 from bentoml.exceptions import BentoMLException
 from pydantic import ValidationError
 from starlette.applications import Starlette
@@ -64,6 +67,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from serving import internals
 from serving.error_bodies import ConformingErrors
 from serving.tallies import Flushes, HistogramTally, flush_all
 
@@ -73,10 +77,29 @@ _UNEXPECTED = {"error": "An unexpected error has occurred, please check the serv
 
 
 class HotPathService(Service):
-    """A BentoML service whose workers put ``HotPath`` in front of the app BentoML builds."""
+    """A BentoML service whose workers put ``HotPath`` in front of the app BentoML builds.
+    ``lean_path``: the service's setting (``auto``, ``on``, ``off``; serving/settings.py)."""
+
+    lean_path = "auto"
 
     def to_asgi(self, is_main: bool = True) -> ASGIApp:
-        return HotPath(super().to_asgi(is_main), self, is_main=is_main)
+        app = super().to_asgi(is_main)
+        problem = internals.lean_path_problem(self.lean_path)
+        if problem is not None:
+            if self.lean_path != "off":
+                internals.warn_once(f"the lean path of {self.name}", problem)
+            return app
+        return HotPath(app, self, is_main=is_main)
+
+
+def lean_service(mode: str) -> type[HotPathService]:
+    """The ``service_class`` for ``@bentoml.service``: ``HotPathService`` with ``mode`` as its
+    ``lean_path``."""
+    return type("HotPathService", (HotPathService,), {"lean_path": mode})
+
+
+class UnknownStack(Exception):
+    """BentoML's middleware stack holds a layer the lean path does not know."""
 
 
 class HotPath:
@@ -100,53 +123,58 @@ class HotPath:
 
     def routes(self) -> dict[str, ASGIApp]:
         """Path -> its lean handler. Built at the first request: BentoML builds its middlewares at
-        start-up, and the lean path takes their settings from them. Empty: BentoML's path only."""
+        start-up, and the lean path takes their settings from them. Empty: BentoML's path only,
+        which is also what anything unexpected while building gives (one warning names it)."""
         if self._routes is None:
-            if getattr(self.app, "middleware_stack", None) is None:
+            layers = internals.started_layers(self.app)
+            if layers is None:
                 return {}  # not started: BentoML's path, and look again next time
-            self._routes = self._build()
+            try:
+                self._routes = self._build(layers)
+            except Exception as exc:  # BentoML is not what this was written for
+                internals.warn_once(
+                    f"the lean path of {self.service.name}", f"{type(exc).__name__}: {exc}"
+                )
+                self._inner = self.app
+                self._routes = {}
         return self._routes
 
-    def _build(self) -> dict[str, ASGIApp]:
-        from bentoml._internal.server.http.access import AccessLogMiddleware
-        from bentoml._internal.server.http.instruments import RunnerTrafficMetricsMiddleware
-        from bentoml._internal.server.http.traffic import (
-            MaxConcurrencyMiddleware,
-            TimeoutMiddleware,
-        )
-        from bentoml._internal.utils.uri import join_paths
+    def _build(self, stack: list[Any]) -> dict[str, ASGIApp]:
         from opentelemetry.instrumentation.asgi import OpenTelemetryMiddleware
         from starlette.middleware.cors import CORSMiddleware
         from starlette.middleware.errors import ServerErrorMiddleware
 
-        layers: dict[type, Any] = {}
-        layer = self.app.middleware_stack
+        # The service's own middlewares, each declaring whether the lean path leaves its answers
+        # unchanged; BentoML's and Starlette's layers the lean path knows; anything else is new.
+        own = {cls: getattr(cls, "lean_path_safe", False) for cls, _ in self.service.middlewares}
+        known = set(internals.known_layer_types())
+        unknown = [t for t in map(type, stack) if t not in own and t not in known]
+        if unknown and unknown != [CORSMiddleware]:
+            names = ", ".join(f"{t.__module__}.{t.__qualname__}" for t in unknown)
+            raise UnknownStack(f"unknown layer(s) in BentoML's middleware stack: {names}")
+        layers = {type(layer): layer for layer in stack}
         recording = (
             ServerErrorMiddleware,
-            RunnerTrafficMetricsMiddleware,
+            internals.RunnerTrafficMetricsMiddleware,
             OpenTelemetryMiddleware,
-            AccessLogMiddleware,
+            internals.AccessLogMiddleware,
         )
-        while layer is not None:
-            layers[type(layer)] = layer
-            if self._inner is self.app and not isinstance(layer, recording):
-                self._inner = layer  # the first layer below those the lean path records with
-            layer = getattr(layer, "app", None)
-        unsafe = [
-            cls for cls, _ in self.service.middlewares if not getattr(cls, "lean_path_safe", False)
-        ]
-        if MaxConcurrencyMiddleware in layers or CORSMiddleware in layers or unsafe:
+        inner = next((layer for layer in stack if not isinstance(layer, recording)), self.app)
+        if (
+            internals.MaxConcurrencyMiddleware in layers
+            or CORSMiddleware in layers
+            or not all(own.values())
+        ):
             return {}  # the lean path would skip them
-        if TimeoutMiddleware in layers:
-            self.timeout = layers[TimeoutMiddleware].timeout
+        timeout = layers.get(internals.TimeoutMiddleware)
         tracing = layers.get(OpenTelemetryMiddleware)
-        metrics = layers.get(RunnerTrafficMetricsMiddleware)
-        access = layers.get(AccessLogMiddleware)
+        metrics = layers.get(internals.RunnerTrafficMetricsMiddleware)
+        access = layers.get(internals.AccessLogMiddleware)
         conforming = layers.get(ConformingErrors)
 
         def untraced(path: str) -> bool:
-            return tracing is not None and tracing.excluded_urls.url_disabled(
-                f"http://localhost{path}"
+            return tracing is not None and internals.url_excluded(
+                tracing, f"http://localhost{path}"
             )
 
         def conformed(app: ASGIApp) -> ASGIApp:
@@ -165,30 +193,38 @@ class HotPath:
                 logged = copy.copy(access)
                 logged.app = app
                 app = logged
-            return _Metrics(metrics, path, app, arrivals) if metrics is not None else app
+            if metrics is None or arrivals is None:
+                return app
+            return _Metrics(metrics, path, app, arrivals)
 
+        # Everything BentoML's objects are read for is read here, before any request: a renamed
+        # attribute falls back now, not on a user's request.
+        internals.check_context(self.service.context)
         routes: dict[str, ASGIApp] = {}
-        for name, method in self.service.apis.items():
-            path = join_paths(self.service.path_prefix, method.route)
-            if untraced(path) and hot_api(self.service, name):
-                routes[path] = recorded(self._api(_Api(self.service, name), conformed), path)
+        for method in self.service.apis.values():
+            parts = internals.api_parts(method)
+            path = internals.join_paths(self.service.path_prefix, parts.route)
+            if untraced(path) and hot_api(parts):
+                routes[path] = recorded(self._api(_Api(parts), conformed), path)
         for app, mount, _ in self.service.mount_apps:
             for path in _posted_routes(app, mount):
                 if untraced(path) and path not in routes:
                     routes[path] = recorded(conformed(self._mounted(app, mount)), path)
+        self.timeout = internals.timeout_of(timeout) if timeout is not None else None
+        self._inner = inner
         return routes
 
     # -- an API -------------------------------------------------------------------------------
 
     def _api(self, api: _Api, conformed: Callable[[ASGIApp], ASGIApp]) -> ASGIApp:
         context = self.service.context
-
+        in_request = internals.request_context(context)
         server = Headers({"Server": f"BentoML Service/{self.service.name}"})
 
         async def answer(scope: Scope, receive: Any, send: Any) -> None:
             serde, data, body = scope.pop("bundle.parsed")
             # BentoML's context middleware: the API's ctx, for this request.
-            with context.in_request(Request(scope, replay(body), send)):
+            with in_request(Request(scope, replay(body), send)):
                 try:
                     output = await api.call(data, context)
                     response = await api.response(output, serde, context)
@@ -237,12 +273,13 @@ class HotPath:
 
         return handle
 
-    def _serde(self, scope: Scope) -> Serde | None:
+    def _serde(self, scope: Scope) -> Any:
         content_type = next((v for k, v in scope["headers"] if k == b"content-type"), b"")
         if is_json(content_type):
-            return JSONSerde()
-        if media_of(content_type) == PickleSerde.media_type.encode() and not self.is_main:
-            return PickleSerde()  # BentoML refuses pickle on the public port; so do we
+            return internals.JSONSerde()
+        pickled = internals.PickleSerde.media_type.encode()
+        if media_of(content_type) == pickled and not self.is_main:
+            return internals.PickleSerde()  # BentoML refuses pickle on the public port; so do we
         return None
 
     # -- a mounted app --------------------------------------------------------------------------
@@ -291,24 +328,24 @@ class _Api:
     """One API on the lean path: its request parsed and its function called as BentoML's
     ``api_endpoint`` does."""
 
-    def __init__(self, service: Service, name: str) -> None:
-        method = service.apis[name]
-        self.func = method.func
-        self.spec = method.input_spec
-        self.output = method.output_spec
-        self.ctx_param = method.ctx_param
-        self.root = getattr(self.spec, "__root_input__", False)
+    def __init__(self, parts: internals.ApiParts) -> None:
+        self.func = parts.func
+        self.spec = parts.input_spec
+        self.output = parts.output_spec
+        self.ctx_param = parts.ctx_param
+        self.root = parts.root_input
 
-    def parse(self, serde: Serde, body: bytes, scope: Scope) -> Any:
-        if isinstance(serde, JSONSerde):
+    def parse(self, serde: Any, body: bytes, scope: Scope) -> Any:
+        if isinstance(serde, internals.JSONSerde):
             return self.spec.model_validate_json(body or b"{}")
-        return serde.deserialize_model(Payload((body,), metadata=Headers(scope=scope)), self.spec)
+        payload = internals.Payload((body,), metadata=Headers(scope=scope))
+        return serde.deserialize_model(payload, self.spec)
 
     async def call(self, data: Any, ctx: Any) -> Any:
         args: tuple[Any, ...] = ()
         kwargs: dict[str, Any] = {}
         if self.root:
-            args = (data.root,) if isinstance(data, IORootModel) else (data,)
+            args = (data.root,) if isinstance(data, internals.IORootModel) else (data,)
         else:
             # From the class: on the instance pydantic (2.11+) warns on every request, and V3 drops it.
             kwargs = {k: getattr(data, k) for k in type(data).model_fields}
@@ -317,16 +354,17 @@ class _Api:
         # The running instance, read per request as BentoML does (a restarted app has a new one).
         return await self.func(get_current_service(), *args, **kwargs)
 
-    async def response(self, output: Any, serde: Serde, ctx: Any) -> Response:
+    async def response(self, output: Any, serde: Any, ctx: Any) -> Response:
         """The reply, with ctx's status, headers and cookies when the API takes ctx."""
         if isinstance(output, Response):
             response = output
         else:
             response = await self.output.to_http_response(output, serde)
         if self.ctx_param is not None:
-            response.status_code = ctx.response.status_code
-            _add_headers(response, ctx.response.metadata)
-            set_cookies(response, ctx.response.cookies)
+            status, headers, cookies = internals.context_response(ctx)
+            response.status_code = status
+            _add_headers(response, headers)
+            internals.set_cookies(response, cookies)
         return response
 
 
@@ -337,13 +375,8 @@ class _Arrivals:
     ``FLUSH_S`` when both serve at the same moment: it is a last-request time to within that."""
 
     def __init__(self, middleware: Any) -> None:
-        from bentoml._internal.context import server_context as context
-
-        self.gauge = middleware.metrics_last_request_timestamp.labels(
-            service_name=context.bento_name,
-            service_version=context.bento_version,
-            runner_name=context.service_name,
-        )
+        last_request = internals.request_metrics(middleware)[3]
+        self.gauge = last_request.labels(**internals.metric_labels())
         self.at: float | None = None  # not yet written
         self.flushes = Flushes(self._write)
 
@@ -363,27 +396,16 @@ class _Metrics:
     each request's observations written with others a moment later (serving/tallies.py)."""
 
     def __init__(self, middleware: Any, path: str, app: ASGIApp, arrivals: _Arrivals) -> None:
-        from bentoml._internal.context import server_context as context
-
         self.app = app
         self.arrivals = arrivals
-        labels = {
-            "endpoint": path,
-            "service_name": context.bento_name,
-            "service_version": context.bento_version,
-            "runner_name": context.service_name,
-        }
-        self.total = lambda status: middleware.metrics_request_total.labels(
-            **labels, http_response_code=status
-        )
-        self.duration = lambda status: middleware.metrics_request_duration.labels(
-            **labels, http_response_code=status
-        )
-        self.in_progress = middleware.metrics_request_in_progress.labels(**labels)
+        labels = {"endpoint": path, **internals.metric_labels()}
+        total, duration, in_progress, _ = internals.request_metrics(middleware)
+        self.total = lambda status: total.labels(**labels, http_response_code=status)
+        self.duration = lambda status: duration.labels(**labels, http_response_code=status)
+        self.in_progress = in_progress.labels(**labels)
         # Written in bulk a moment later (serving/tallies.py) instead of six writes to the
-        # multiprocess files a request: the tokenizer's CPU a chat request at 64 users went
-        # 0.321 -> 0.315 ms (python -m loadtests.ab, six rounds: within noise, as the writes'
-        # cost predicts; the runner's batch metrics, the same change, were ~9 % of its thread).
+        # multiprocess files a request, as the runner's batch metrics are
+        # (docs/decisions/0006-metrics-tallies.md).
         self.by_status: dict[int, tuple[Any, HistogramTally]] = {}
         self.answered: dict[int, int] = {}  # by status, not yet written
         self.live = self.live_written = 0  # requests in progress: now, and as last written
@@ -428,18 +450,15 @@ class _Metrics:
             duration.flush()
 
 
-def hot_api(service: Service, name: str) -> bool:
+def hot_api(parts: internals.ApiParts) -> bool:
     """Whether an API can take the lean path: a coroutine with a plain body (no files, no
     batching, no task queue, no ``*args``/``**kwargs``)."""
-    method = service.apis[name]
-    fields = getattr(method.input_spec, "model_fields", {})
     return (
-        inspect.iscoroutinefunction(inspect.unwrap(method.func))
-        and not method.batchable
-        and not method.is_task
-        and not getattr(method.input_spec, "multipart_fields", None)
-        and ARGS not in fields
-        and KWARGS not in fields
+        inspect.iscoroutinefunction(inspect.unwrap(parts.func))
+        and not parts.batchable
+        and not parts.is_task
+        and not parts.multipart
+        and not parts.star_args
     )
 
 
@@ -458,7 +477,8 @@ def _posted_routes(app: Any, mount: str) -> list[str]:
 
 async def _send(response: Response, scope: Scope, receive: Any, send: Any) -> None:
     """A response as one start message and one body, then its background tasks."""
-    if isinstance(response, IterableResponse):
+    body: bytes | memoryview
+    if isinstance(response, internals.IterableResponse):
         body = b"".join(response.body_iterator)
     elif hasattr(response, "body"):
         body = response.body
@@ -473,7 +493,7 @@ async def _send(response: Response, scope: Scope, receive: Any, send: Any) -> No
 
 
 def _failed(scope: Scope) -> Response:
-    log_exception(Request(scope))
+    internals.log_exception(Request(scope))
     return JSONResponse(_UNEXPECTED, status_code=500)
 
 
@@ -481,7 +501,7 @@ def _refused(scope: Scope, exc: Exception) -> Response:
     """BentoML's ``api_endpoint_wrapper`` for an exception an API raised."""
     if not isinstance(exc, ValidationError | BentoMLException):
         return _failed(scope)
-    log_exception(Request(scope))
+    internals.log_exception(Request(scope))
     if isinstance(exc, ValidationError):
         data: Any = {
             "error": f"{exc.error_count()} validation error for {exc.title}",
@@ -513,13 +533,11 @@ async def _read(receive: Any) -> bytes | None:
 
 
 # Young collections start when the objects made since the last one, less those freed, pass
-# this. In a busy worker those are mostly the objects of the requests in flight: the tokenizer
-# serving chat at 64 users held ~7,500 and, at CPython's default of 700, ran a young collection
-# every few requests (214 in 20 s at ~290 requests/s), each scanning the requests in flight. With
-# 50,000 it ran none in 20 s, and the count fell back to ~1,000 when the load stopped: what those
-# requests made was freed by reference counting. Cycles that requests do make (an error's
-# traceback, say) wait longer for a collection: with it, tests/e2e/test_soak.py (every endpoint
-# mixed, 60 s) saw every process's resident memory within +0.6 % after warm-up.
+# this. In a busy worker those are mostly the objects of the requests in flight, several times
+# CPython's default of 700: at that default a young collection ran every few requests, each
+# scanning the requests in flight. What requests make is freed by reference counting; the cycles
+# they do make (an error's traceback, say) wait longer for a collection, and the soak test checks
+# that no process's memory grows (docs/decisions/0008-gc-at-start-up.md).
 YOUNG_COLLECTION_THRESHOLD = 50_000
 
 
@@ -527,10 +545,8 @@ def _frozen_at_startup(send: Any) -> Any:
     """The lifespan's ``send``, which, when the app says its start-up is complete, collects what
     start-up left unreachable and freezes the rest (``gc.freeze``): the service instance, its
     models, sessions and tokenizers, BentoML's and the libraries' own. Full collections then scan
-    only what was made since. In the tokenizer serving chat at 64 users they had each scanned the
-    whole heap (~100 ms a collection, 0.035 ms a request) and took ~0.7 ms after the freeze; all
-    collections together, 0.052 -> 0.016 ms a request (gc.callbacks timings). Young collections
-    start later too (``YOUNG_COLLECTION_THRESHOLD``)."""
+    only what was made since, where each had scanned the whole heap. Young collections start later
+    too (``YOUNG_COLLECTION_THRESHOLD``)."""
 
     async def sent(message: dict[str, Any]) -> None:
         if message["type"] == "lifespan.startup.complete":
@@ -548,9 +564,7 @@ def _add_headers(response: Response, headers: Mapping[str, str]) -> None:
     request on the tokenizer: ctx's timing headers, ``Server``). When ``headers`` are Starlette
     ``Headers`` (as ctx's are, unless an API replaced them) with lower-case names, none already
     in the response and none twice, their raw pairs are appended as they are; anything else goes
-    to ``update``. ``python -m loadtests.ab HEAD --users 1,64 --rounds 6``: at one client p50 5.91
-    -> 5.62 ms and the runner's main thread 0.854 -> 0.803 ms a request, at 64 users the tokenizer
-    0.267 -> 0.264: the same direction everywhere, each within the runs' noise."""
+    to ``update`` (docs/decisions/0007-per-request-trims.md)."""
     raw = headers.raw if isinstance(headers, Headers) else None
     if raw is not None:
         names = {name for name, _ in raw}

@@ -1,8 +1,11 @@
 """Test tiers by folder, and a guard that no process the suite started outlives it.
 
-Tiers: unit (fake engines), integration (real models in-process), e2e (real servers), containers
-(the compose stack), swarm (the same stack on Docker Swarm).
-Each test is marked with its folder's tier, so ``pytest -m unit`` runs the fast ones alone.
+Tiers: unit (fake engines), http (the services' ASGI apps in-process, with real engines),
+integration (real models in-process), e2e (real servers; one graph for the session, ``graph``),
+load (benchmark-like runs), containers (the compose stack), swarm (the same stack on Docker
+Swarm). Each test is marked with its folder's tier, so ``pytest -m unit`` runs the fast ones alone.
+``make check`` runs unit and http, ``make test`` those and integration and e2e, ``make test-load``
+load.
 
 The guard: this process becomes the reaper of its orphaned descendants (a BentoML worker whose
 arbiter died is re-parented here, not to init), and when the session ends every descendant must be
@@ -13,14 +16,16 @@ from __future__ import annotations
 
 import contextlib
 import multiprocessing.resource_tracker
+from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
 import psutil
 import pytest
 
-from loadtests.processes import adopt_orphans, stop_processes
+from testkit.processes import adopt_orphans, bentoml_serve, log_path, stop_processes
 
-TIERS = {"unit", "integration", "e2e", "containers", "swarm"}
+TIERS = {"unit", "http", "integration", "e2e", "load", "containers", "swarm"}
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -32,6 +37,68 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         tier = Path(str(item.fspath)).parent.name
         if tier in TIERS:
             item.add_marker(getattr(pytest.mark, tier))
+        if (
+            "graph" in getattr(item, "fixturenames", ())
+            and _module(item.nodeid) not in GRAPH_MODULES
+        ):
+            raise pytest.UsageError(
+                f"{item.nodeid} uses the session's graph: list its module in GRAPH_MODULES "
+                "(tests/conftest.py), so that one worker runs every test of that graph"
+            )
+
+
+# Under pytest-xdist (`make test`: -n 2), the modules whose tests share the session's graph run in
+# one worker, so that one graph serves them all; the tests of any other module beyond the unit and
+# in-process tiers stay in one worker, so that what its module-scoped fixtures start or build is
+# made once; the rest spread as they come.
+GRAPH_MODULES = frozenset(
+    {
+        "tests/e2e/test_graph.py",
+        "tests/e2e/test_tenants.py",
+        "tests/e2e/test_readme_examples.py",
+        "tests/load/test_locust_smoke.py",
+    }
+)
+SERVER_TIERS = frozenset({"integration", "e2e", "load", "containers", "swarm"})
+
+
+def _module(nodeid: str) -> str:
+    return nodeid.split("::", 1)[0]
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ByServer(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            module = _module(nodeid)
+            if module in GRAPH_MODULES:
+                return "graph"
+            parts = module.split("/")
+            return module if len(parts) > 2 and parts[1] in SERVER_TIERS else nodeid
+
+    return ByServer(config, log)
+
+
+@pytest.fixture(scope="session")
+def tenant_store(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A fresh tenant store for the session (each pytest-xdist worker has its own)."""
+    return tmp_path_factory.mktemp("tenants")
+
+
+@pytest.fixture(scope="session")
+def graph(tenant_store: Path) -> Iterator[str]:
+    """The whole graph (tokenizer + ONNX, TF and tenant runners) as `make serve` runs it: one for
+    the session, shared by every test that can share it."""
+    env = {"BUNDLE_TENANTS_STORE": str(tenant_store)}
+    with bentoml_serve(".", log_path("graph.log"), env=env) as server:
+        yield server.url
+
+
+@pytest.fixture(scope="session")
+def client(graph: str) -> Iterator[httpx.Client]:
+    with httpx.Client(base_url=graph, timeout=60) as c:
+        yield c
 
 
 def leftover_processes() -> list[psutil.Process]:

@@ -13,6 +13,7 @@ import asyncio
 import logging
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any, Literal, cast
 
 import bentoml
 import numpy as np
@@ -60,10 +61,11 @@ def warm_up_runtimes() -> None:
     clf = classifier.Classifier(
         zeros((16, 2), np.float32), zeros((2, 2), np.float32), zeros(2, np.float32), ["a", "b"]
     )
-    for fmt, export, name in (
+    formats: tuple[tuple[TenantFormat, Any, str], ...] = (
         ("tf", classifier.export_tf, TF_DIR),
         ("onnx", classifier.export_onnx, ONNX_FILE),
-    ):
+    )
+    for fmt, export, name in formats:
         with tempfile.TemporaryDirectory() as tmp:
             export(clf, Path(tmp) / name)
             write_manifest(Path(tmp), Manifest(format=fmt, labels=clf.labels))
@@ -169,6 +171,7 @@ class TenantRunner:
             raise ApiError("send ids (token ids) or vectors (sentence embeddings)", 400)
         version, directory = self.store.require(tenant)
         fmt = self._format(tenant, version, directory)
+        cache: Literal["hit", "miss"]
         if fmt == "head":
             if vectors is None:
                 raise WrongInputFormat(f"tenant {tenant!r} is a head model: send vectors")
@@ -219,13 +222,12 @@ class TenantRunner:
         """Train a classifier from examples and register it as the tenant's new version: a head
         from the texts' MiniLM embeddings (vectors), an ONNX or TF model from their SentencePiece ids."""
         check_name(tenant)
-        examples = vectors if format == "head" else ids
-        if examples is None:
+        if (vectors if format == "head" else ids) is None:
             raise WrongInputFormat(
                 f"format {format!r} trains from {'vectors' if format == 'head' else 'ids'}"
             )
         async with self.training:
-            if format == "head":
+            if vectors is not None and format == "head":
                 published = await asyncio.to_thread(
                     registry.train_head,
                     self.store,
@@ -234,6 +236,7 @@ class TenantRunner:
                     intents,
                 )
             else:
+                assert ids is not None  # checked above
                 published = await asyncio.to_thread(
                     registry.train, self.store, tenant, ids, intents,
                     fmt=format, dim=SETTINGS.train_dim, epochs=SETTINGS.train_epochs,
@@ -283,4 +286,5 @@ class TenantRunner:
         }
 
 
-TenantRunner.add_asgi_middleware(ConformingErrors)
+# The class is a bentoml.Service once decorated (mypy does not apply class decorators).
+cast("bentoml.Service[Any]", TenantRunner).add_asgi_middleware(ConformingErrors)

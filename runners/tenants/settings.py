@@ -9,9 +9,9 @@ from runners.settings import RunnerSettings
 
 
 def default_store() -> Path:
-    from bentoml._internal.configuration.containers import BentoMLContainer
+    from serving.internals import bentoml_home
 
-    return Path(BentoMLContainer.bentoml_home.get()) / "tenants"
+    return bentoml_home() / "tenants"
 
 
 class TenantRunnerSettings(RunnerSettings):

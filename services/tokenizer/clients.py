@@ -6,7 +6,8 @@ declared type of ``serving.protocol``. Every call retries once on a dead connect
 runner's overload (429/503 + Retry-After) and the caller's mistakes (4xx) through as they are.
 
 The hot calls (embed, classify) go through ``HotCalls``: BentoML's wire format to the runner, on a
-lean HTTP/1.1 connection (services/tokenizer/hop.py), without its generic client's per-call work.
+lean HTTP/1.1 connection (services/tokenizer/hop.py), without its generic client's per-call work;
+where that client cannot run (serving/internals.py), through BentoML's own client's public calls.
 """
 
 from __future__ import annotations
@@ -22,13 +23,12 @@ from typing import Any, TypeVar
 import aiohttp
 import numpy as np
 import orjson
-from _bentoml_impl.client.proxy2 import map_exception
-from _bentoml_impl.serde import Payload, PickleSerde
 from bentoml.exceptions import BentoMLException
 from pydantic import BaseModel
 
 from services.tokenizer.coalesce import Embedded
 from services.tokenizer.hop import HopClient, hop_for
+from serving import internals
 from serving.errors import ApiError, Overloaded
 from serving.protocol import (
     Classified,
@@ -48,7 +48,11 @@ class RunnerUnavailable(Overloaded):
 
 
 def _as(model: type[Model], result: Any) -> Model:
-    return result if isinstance(result, model) else model.model_validate(result)
+    if type(result) is model:
+        return result
+    # BentoML's own client answers with its copy of the model (a subclass) or a dict (JSON).
+    data = result.model_dump() if isinstance(result, BaseModel) else result
+    return model.model_validate(data)
 
 
 def _body(text: str) -> dict[str, Any]:
@@ -85,8 +89,7 @@ async def _call(runner: str, send: Callable[[], Awaitable[Any]]) -> Any:
     raise AssertionError("unreachable")
 
 
-_PICKLE = PickleSerde()
-PICKLE = _PICKLE.media_type
+PICKLE = "application/vnd.bentoml+pickle"  # BentoML's media type between services
 
 
 class HotCalls:
@@ -95,31 +98,30 @@ class HotCalls:
     but on the lean hop (services/tokenizer/hop.py) where there is one. What it leaves out, per
     call: validating our own arguments with pydantic before sending them (the runner validates
     them), OpenTelemetry's header propagation (the hot routes are not traced), an async-iterator
-    body, and validating the answer into a model again. bentoml is pinned;
+    body, and validating the answer into a model again. Without a hop (an in-process runner, or a
+    BentoML whose client it does not know), BentoML's own client makes the call.
     tests/unit/test_clients.py pins that the runner reads these calls and that the answers equal
     BentoML's client's."""
 
-    def __init__(self, client: Any) -> None:
+    def __init__(self, client: Any, mode: str = "auto") -> None:
         self.client = client
+        self.mode = mode  # the tokenizer's lean_path setting
         self._hop: HopClient | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
 
     async def post(
         self, api: str, body: dict[str, Any], headers: Mapping[str, str] | None = None
     ) -> Any:
+        hop = self._hop_here()
+        if hop is None:
+            if headers:
+                return await internals.call_with_headers(self.client, api, body, dict(headers))
+            return await getattr(self.client, api)(**body)
         pickled = self.client.media_type == PICKLE
         data = pickle.dumps(body, protocol=5) if pickled else orjson.dumps(body)
         sent = {"content-type": self.client.media_type, **(headers or {})}
-        route = self.client.endpoints[api].route
-        hop = self._hop_here()
-        if hop is None:
-            session = await self.client._session_manager.get_session()
-            async with session.post(route, data=data, headers=sent) as resp:
-                if not resp.ok:
-                    raise await map_exception(resp)
-                return _decode(pickled, await resp.read(), resp.headers.get("buffer-lengths"))
-        reply = await hop.post(route, data, sent)
-        if reply.status >= 400:  # as BentoML's map_exception does
+        reply = await hop.post(internals.endpoint_route(self.client, api), data, sent)
+        if reply.status >= 400:  # as BentoML's client maps an error answer
             status = HTTPStatus(reply.status)
             error = BentoMLException.error_mapping.get(status, BentoMLException)
             raise error(reply.body.decode("utf-8", "replace"), error_code=status)
@@ -129,7 +131,7 @@ class HotCalls:
         # One pool per event loop: connections belong to the loop that opened them.
         loop = asyncio.get_running_loop()
         if self._loop is not loop:
-            self._hop, self._loop = hop_for(self.client), loop
+            self._hop, self._loop = hop_for(self.client, self.mode), loop
         return self._hop
 
 
@@ -137,9 +139,14 @@ def _decode(pickled: bool, raw: bytes, lengths: str | None) -> Any:
     if not pickled:
         return orjson.loads(raw)
     # BentoML's pickle body: the pickle, then its out-of-band buffers (the arrays' bytes).
-    return _PICKLE.deserialize_value(
-        Payload((raw,), {"buffer-lengths": lengths} if lengths else {})
-    )
+    payload = internals.Payload((raw,), {"buffer-lengths": lengths} if lengths else {})
+    return internals.PickleSerde().deserialize_value(payload)
+
+
+def _field(answer: Any, name: str) -> Any:
+    """A field of a runner's answer: a dict (JSON, the lean hop) or the model itself (BentoML's
+    client in the graph)."""
+    return answer[name] if isinstance(answer, dict) else getattr(answer, name)
 
 
 def _budget(seconds: float) -> float:
@@ -151,17 +158,17 @@ def _budget(seconds: float) -> float:
 def _embedded(answer: dict[str, Any]) -> Embedded:
     """EmbedResult's fields (serving.protocol), as the runner sends them."""
     return Embedded(
-        vectors=np.asarray(answer["embeddings"], dtype=np.float32),
-        queue_ms=float(answer["queue_ms"]),
-        inference_ms=float(answer["inference_ms"]),
+        vectors=np.asarray(_field(answer, "embeddings"), dtype=np.float32),
+        queue_ms=float(_field(answer, "queue_ms")),
+        inference_ms=float(_field(answer, "inference_ms")),
     )
 
 
 class OnnxRunnerClient:
     """The ONNX runner, for one of its models (fp32 or int8)."""
 
-    def __init__(self, proxy: Any, variant: Variant) -> None:
-        self.hot = HotCalls(proxy.to_async)
+    def __init__(self, proxy: Any, variant: Variant, mode: str = "auto") -> None:
+        self.hot = HotCalls(proxy.to_async, mode)
         self.variant = variant
 
     async def embed(self, ids: list[list[int]], deadline_s: float) -> Embedded:
@@ -170,8 +177,8 @@ class OnnxRunnerClient:
 
 
 class TFRunnerClient:
-    def __init__(self, proxy: Any) -> None:
-        self.hot = HotCalls(proxy.to_async)
+    def __init__(self, proxy: Any, mode: str = "auto") -> None:
+        self.hot = HotCalls(proxy.to_async, mode)
 
     async def embed(self, ids: list[list[int]], deadline_s: float) -> Embedded:
         body = {"ids": ids, "deadline_s": _budget(deadline_s)}
@@ -188,19 +195,18 @@ class TenantRunnerClient:
 
     name = "tenant_runner"
 
-    def __init__(self, proxy: Any) -> None:
+    def __init__(self, proxy: Any, mode: str = "auto") -> None:
         self.proxy = proxy.to_async
-        self.hot = HotCalls(self.proxy)
+        self.hot = HotCalls(self.proxy, mode)
 
     def _for(self, tenant: str, api: str, **kwargs: Any) -> Callable[[], Awaitable[Any]]:
-        # The registry's calls, with BentoML's client. It takes per-call headers only in ``_call``
-        # (its public ``call`` has none; bentoml is pinned, and tests/unit/test_clients.py pins
-        # that the header arrives).
-        endpoint = self.proxy.endpoints[api]
+        # The registry's calls, with BentoML's client and the tenant header
+        # (tests/unit/test_clients.py pins that it arrives).
         # Absent, not None: BentoML's JSON client encodes an optional argument by the schema's
         # first type (an array), and None is not one.
         kwargs = {"tenant": tenant, **{k: v for k, v in kwargs.items() if v is not None}}
-        return lambda: self.proxy._call(endpoint, (), kwargs, headers={TENANT_HEADER: tenant})
+        headers = {TENANT_HEADER: tenant}
+        return lambda: internals.call_with_headers(self.proxy, api, kwargs, headers)
 
     async def classify(
         self, tenant: str, ids: list[list[int]] | None, vectors: np.ndarray | None

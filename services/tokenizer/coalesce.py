@@ -123,7 +123,8 @@ class Coalescer:
         sent = clock()
         remaining_s = min(p.deadline for p in batch) - sent
         try:
-            result = await self.client.embed([s for p in batch for s in p.sequences], remaining_s)
+            rows = [list(s) for p in batch for s in p.sequences]
+            result = await self.client.embed(rows, remaining_s)
         except Exception as exc:  # shed, unavailable, failed: every merged request gets the error
             self.queue.admission.finished(tokens)
             fail(batch, exc)

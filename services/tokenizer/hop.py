@@ -3,10 +3,8 @@ itself uses) instead of BentoML's aiohttp session.
 
 Why not BentoML's session, as it comes:
 - Cost: at one client the tokenizer makes one runner call a request, and aiohttp's request
-  machinery costs its one thread more than this client, which writes the request in one go and
-  reads the answer with httptools' C parser. ``make ab BASE=f3c08b2`` (BentoML's session) on this
-  client, 5 interleaved rounds: the tokenizer's CPU 0.92 vs 1.43 ms a request at one client, p50
-  5.1 vs 6.1 ms; 0.336 vs 0.360 ms at 64 users, where calls are coalesced and the same throughput.
+  machinery costs its one thread far more than this client, which writes the request in one go and
+  reads the answer with httptools' C parser (docs/decisions/0012-runner-hop.md).
 - Its refresh cuts calls in flight: BentoML's ``SessionManager`` replaces the session after
   ``max_requests`` calls (counted over all its connections) or ``max_age`` seconds, and closes the
   old one, and aiohttp's ``close`` closes the connections still waiting for an answer too: calls the
@@ -32,7 +30,8 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import httptools
-from bentoml._internal.utils.uri import uri_to_path
+
+from serving import internals
 
 
 @dataclass(frozen=True)
@@ -139,7 +138,7 @@ class HopClient:
         host: str = "127.0.0.1",
         port: int = 80,
         headers: Mapping[str, str] | None = None,
-        timeout: float = 60.0,
+        timeout: float | None = 60.0,
         max_age: float = 300.0,
         max_requests: int = 100,
         max_connections: int = 100,
@@ -202,23 +201,32 @@ class HopClient:
         return connection
 
 
-def hop_for(client: Any) -> HopClient | None:
+def hop_for(client: Any, mode: str = "auto") -> HopClient | None:
     """A HopClient to where BentoML's client (``bentoml.depends(...).to_async``) sends its calls,
-    with its timeout, refresh limits and default headers; None where it keeps BentoML's session
-    (https, a URL with a path, an in-process app). bentoml is pinned; tests/unit/test_hop.py pins
-    the fields read."""
-    manager = client._session_manager
-    if manager._app is not None:
+    with its timeout, refresh limits and default headers; None where it keeps BentoML's own client
+    (https, a URL with a path, an in-process app, or a BentoML whose client it does not know, with
+    one warning: serving/internals.py). ``mode``: the tokenizer's ``lean_path`` setting.
+    tests/unit/test_hop.py pins the fields read."""
+    problem = internals.lean_client_problem(mode)
+    if problem is None:
+        try:
+            target = internals.client_target(client)
+        except AttributeError as exc:
+            problem = f"{type(exc).__name__}: {exc}"
+    if problem is not None:
+        internals.warn_once("the tokenizer's runner calls", problem)
         return None
-    url = manager._parsed_url
+    if target.in_process:
+        return None
+    url = target.url
     limits: dict[str, Any] = {
-        "headers": {name: value for name, value in manager._headers.items() if value is not None},
-        "timeout": manager._timeout.total,
-        "max_age": manager.max_age,
-        "max_requests": manager.max_requests,
+        "headers": target.headers,
+        "timeout": target.timeout,
+        "max_age": target.max_age,
+        "max_requests": target.max_requests,
     }
     if url.scheme == "file":  # a runner in the same graph, on its Unix socket
-        return HopClient(unix_path=uri_to_path(url.geturl()), **limits)
+        return HopClient(unix_path=internals.socket_path(url.geturl()), **limits)
     if url.scheme == "tcp" or (url.scheme == "http" and url.path in ("", "/")):
         parts = urlsplit(f"http://{url.netloc}")
         return HopClient(host=parts.hostname or "127.0.0.1", port=parts.port or 80, **limits)

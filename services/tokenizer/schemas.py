@@ -66,7 +66,7 @@ class SimilarityRequest(Request):
     )
     # Optional, but not nullable: BentoML's OpenAPI drops the `| None` of optional fields, so the
     # documented schema is a number; an explicit null is refused like any other non-number.
-    threshold: Annotated[FiniteFloat, Field(ge=-1, le=1)] = Field(
+    threshold: Annotated[FiniteFloat, Field(ge=-1, le=1)] = Field(  # type: ignore[assignment]
         None,
         description="When given, labels[i] = 1 if scores[i] >= threshold else 0.",
         validate_default=False,

@@ -9,10 +9,11 @@ from __future__ import annotations
 import asyncio
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import bentoml
 import numpy as np
+from starlette.responses import Response
 
 from services.tokenizer.clients import OnnxRunnerClient, TenantRunnerClient, TFRunnerClient
 from services.tokenizer.coalesce import Coalescer, EmbeddingClient
@@ -43,7 +44,6 @@ from serving.batching.metrics import Recorder
 from serving.error_bodies import ConformingErrors
 from serving.errors import ApiError, TooManyTokens, replies_on_error
 from serving.features import cosine
-from serving.hot_path import HotPathService
 from serving.openapi_docs import OpenApiDocs
 from serving.protocol import Classified, Deleted, Registered, TenantInfo, timing_headers
 from serving.replies import reply
@@ -83,9 +83,9 @@ def coalescers(onnx: Any, tf: Any, settings: TokenizerSettings) -> dict[Backend,
         )
 
     return {
-        "onnx": coalescer("onnx", OnnxRunnerClient(onnx, "fp32")),
-        "onnx-int8": coalescer("onnx-int8", OnnxRunnerClient(onnx, "int8")),
-        "tf": coalescer("tf", TFRunnerClient(tf)),
+        "onnx": coalescer("onnx", OnnxRunnerClient(onnx, "fp32", settings.lean_path)),
+        "onnx-int8": coalescer("onnx-int8", OnnxRunnerClient(onnx, "int8", settings.lean_path)),
+        "tf": coalescer("tf", TFRunnerClient(tf, settings.lean_path)),
     }
 
 
@@ -101,7 +101,7 @@ def current_service() -> Any:
 @bentoml.asgi_app(openai_app(current_service), path=OPENAI_MOUNT)
 @bentoml.service(
     name="tokenizer",
-    service_class=HotPathService,
+    service_class=SETTINGS.service_class(),
     workers=SETTINGS.workers,
     tracing=SETTINGS.tracing(HOT_ROUTES),
     traffic={"timeout": SETTINGS.timeout_s},
@@ -121,7 +121,7 @@ class Tokenizer:
             self.wordpiece.path_of("tokenizer.json"), self.sentencepiece.path_of("spiece.model")
         )
         self.backends = coalescers(self.onnx_runner, self.tf_runner, SETTINGS)
-        self.tenants = TenantRunnerClient(self.tenant_runner)
+        self.tenants = TenantRunnerClient(self.tenant_runner, SETTINGS.lean_path)
         # Each tenant's model format as last answered: a head tenant needs the texts' vectors, a
         # whole-model tenant their SentencePiece ids; an unknown one is sent both once.
         self.tenant_formats: dict[str, str] = {}
@@ -164,20 +164,20 @@ class Tokenizer:
         ctx.response.headers.update(headers)
         return vectors, tokens
 
-    @bentoml.api
+    # Each API answers with a reply written once (serving/replies.py): a Starlette Response, whose
+    # shape ``output_spec`` documents.
+    @bentoml.api(output_spec=EmbedResponse)
     @replies_on_error
-    async def embed(self, request: EmbedRequest, /, ctx: bentoml.Context) -> EmbedResponse:
+    async def embed(self, request: EmbedRequest, /, ctx: bentoml.Context) -> Response:
         """Sentence embeddings (384 floats, L2-normalised) for each text, in order; with
         "encoding": "base64", each as its little-endian float32 bytes in base64 (under half the bytes)."""
         vectors, tokens = await self._embed(request.texts, request.backend, ctx)
         embeddings = encode(vectors, request.encoding)
         return reply({"embeddings": embeddings, "backend": request.backend, "tokens": tokens})
 
-    @bentoml.api
+    @bentoml.api(output_spec=SimilarityResponse)
     @replies_on_error
-    async def similarity(
-        self, request: SimilarityRequest, /, ctx: bentoml.Context
-    ) -> SimilarityResponse:
+    async def similarity(self, request: SimilarityRequest, /, ctx: bentoml.Context) -> Response:
         """Cosine similarity of each pair (STS-style); with a threshold, 0/1 labels too."""
         texts = list(dict.fromkeys(t for pair in request.pairs for t in pair))
         vectors, _ = await self._embed(texts, request.backend, ctx)
@@ -190,17 +190,15 @@ class Tokenizer:
             return reply({"scores": scores})
         return reply({"scores": scores, "labels": (scores >= request.threshold).astype(np.int8)})
 
-    @bentoml.api
-    async def tokenize(self, request: TokenizeRequest, /) -> TokenizeResponse:
+    @bentoml.api(output_spec=TokenizeResponse)
+    async def tokenize(self, request: TokenizeRequest, /) -> Response:
         """Token ids per text: MiniLM's WordPiece (default) or the SentencePiece model."""
         encoder = self.text.minilm if request.tokenizer == "minilm" else self.text.sentencepiece
         return reply({"ids": await self.text.run(encoder, request.texts)})
 
-    @bentoml.api
+    @bentoml.api(output_spec=InferenceResponse)
     @replies_on_error
-    async def inference(
-        self, request: InferenceRequest, /, ctx: bentoml.Context
-    ) -> InferenceResponse:
+    async def inference(self, request: InferenceRequest, /, ctx: bentoml.Context) -> Response:
         """One text in, its sentence embedding out: {"input_text": str} -> {"outputs": [float]}."""
         vectors, _ = await self._embed([request.input_text], SETTINGS.default_backend, ctx)
         return reply({"outputs": vectors[0]})
@@ -227,9 +225,9 @@ class Tokenizer:
             vectors = await self._head_vectors(texts)
         return await self.tenants.classify(tenant, ids, vectors)
 
-    @bentoml.api
+    @bentoml.api(output_spec=Classified)
     @replies_on_error
-    async def classify(self, request: ClassifyRequest, /, ctx: bentoml.Context) -> Classified:
+    async def classify(self, request: ClassifyRequest, /, ctx: bentoml.Context) -> Response:
         """Intent of each text with the tenant's own classifier; 404 for an unknown tenant (the
         example's tenant, acme, exists once /tenants/train's example has trained it)."""
         self._tenant(request.tenant, ctx)
@@ -304,11 +302,13 @@ class Tokenizer:
             return await self.tenants.delete(self._tenant(request.tenant, ctx))
 
 
+# The class is a bentoml.Service once decorated (mypy does not apply class decorators).
+SERVICE = cast("bentoml.Service[Any]", Tokenizer)
 # OpenAI's routes (under /v1) answer in OpenAI's error shape: these two leave them alone.
-Tokenizer.add_asgi_middleware(ConformingErrors, skip_prefix=OPENAI_MOUNT + "/")
-Tokenizer.add_asgi_middleware(
+SERVICE.add_asgi_middleware(ConformingErrors, skip_prefix=OPENAI_MOUNT + "/")
+SERVICE.add_asgi_middleware(
     JsonOnly,
     multipart_paths=frozenset({UPLOAD_PATH} if SETTINGS.admin_enabled else ()),
     skip_prefix=OPENAI_MOUNT + "/",
 )
-Tokenizer.add_asgi_middleware(OpenApiDocs, refine=refine)
+SERVICE.add_asgi_middleware(OpenApiDocs, refine=refine)

@@ -96,7 +96,8 @@ class Lanes:
         self.name = name
         self.held = 0  # slots held by calls handed over and not finished (running or in line)
         self._slots = asyncio.Semaphore(self.slots)
-        self._work: queue.SimpleQueue[tuple[Callable[[], Any], Callable[..., None], Any]] = (
+        # A call, what to do with its result, the loop to do it on; None stops a thread.
+        self._work: queue.SimpleQueue[tuple[Callable[[], Any], Callable[..., None], Any] | None] = (
             queue.SimpleQueue()
         )
         self._threads: list[threading.Thread] = []

@@ -18,7 +18,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from loadtests.processes import ROOT, free_port
+from testkit.processes import ROOT, free_port
 
 COMPOSE_DIR = ROOT / "deploy" / "compose"
 # What `docker-compose` reads by itself in that folder: the stack, and compose's own additions

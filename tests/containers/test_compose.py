@@ -10,10 +10,10 @@ import time
 import httpx
 import numpy as np
 
-from loadtests.processes import ROOT
 from models import demo_tenants as demo
+from testkit.processes import ROOT
 from tests.containers.conftest import Stack, wait_serving
-from tests.e2e.test_locust_smoke import run_locust
+from tests.load.test_locust_smoke import run_locust
 
 PAIR = ["A man is eating food.", "A man is eating a piece of bread."]
 TENANT_RUNNERS = ["tenant-runner-1", "tenant-runner-2", "tenant-runner-3"]

@@ -1,5 +1,5 @@
 """Tenant-runner replicas behind the proxy (`make test-containers`): each tenant is answered by one
-replica, the one the hash ring names (loadtests/routing.py, the model the simulation uses); the
+replica, the one the hash ring names (testkit/haproxy_ring.py, the model the simulation uses); the
 replicas together load each tenant once, not once per replica; a stopped replica's tenants are
 answered by the others within seconds, with the same answers, and nobody else's tenant moves; the
 replica back, its tenants return to it."""
@@ -11,8 +11,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from loadtests.routing import Ring
 from models import demo_tenants as demo
+from testkit.haproxy_ring import Ring
 from tests.containers.conftest import Stack
 
 REPLICAS = ["tenant-runner-1", "tenant-runner-2", "tenant-runner-3"]  # server ids 1, 2, 3

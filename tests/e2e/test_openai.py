@@ -12,9 +12,8 @@ import numpy as np
 import openai
 import pytest
 
-from loadtests.processes import bentoml_serve
 from services.tokenizer.openai_api import MODELS
-from tests.e2e.conftest import log_path
+from testkit.processes import bentoml_serve, log_path
 
 TEXTS = ["A man is eating food.", "How do I reset my password?", "hello"]
 
@@ -34,9 +33,10 @@ def graph_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 
 
 @pytest.fixture(scope="module")
-def sdk(graph_url: str) -> openai.OpenAI:
+def sdk(graph_url: str) -> Iterator[openai.OpenAI]:
     # No retries: the tests see each answer; the SDK's retries are checked on their own below.
-    return openai.OpenAI(base_url=f"{graph_url}/v1", api_key="unused", max_retries=0)
+    with openai.OpenAI(base_url=f"{graph_url}/v1", api_key="unused", max_retries=0) as client:
+        yield client
 
 
 def embed(graph_url: str, texts: list[str], backend: str = "onnx") -> np.ndarray:

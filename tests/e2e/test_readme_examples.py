@@ -8,7 +8,7 @@ import re
 import subprocess
 import sys
 
-from loadtests.processes import ROOT
+from testkit.processes import ROOT
 
 README = (ROOT / "README.md").read_text()
 

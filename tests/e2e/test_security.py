@@ -21,11 +21,10 @@ import psutil
 import pytest
 
 from loadtests.cpu import label
-from loadtests.processes import ROOT, bentoml_serve
 from models import demo_tenants as demo
 from runners.tenants.loader import load
 from runners.tenants.store import TenantStore
-from tests.e2e.conftest import log_path
+from testkit.processes import ROOT, bentoml_serve, log_path
 
 TENANTS = {"alpha": 3, "bravo": 4}
 

@@ -55,30 +55,3 @@ def test_each_engine_call_is_as_many_rows_as_fit_the_padded_token_budget(
 def test_ort_spinning_is_off(server) -> None:
     options = server.engine.session.get_session_options()
     assert options.get_session_config_entry("session.intra_op.allow_spinning") == "0"
-
-
-def test_the_floor_answers_embeds_shape_and_size_from_the_stacks_tokenizer() -> None:
-    """The front door's floor (make profile) tokenizes each text and writes a body like /embed's,
-    one 384-float row and a token count a text, as orjson writes float32, for more texts than its
-    block of rows too; bad input is a 400."""
-    from starlette.testclient import TestClient
-
-    from loadtests.baselines import bare_front
-    from serving import contracts
-
-    texts = ["A man is eating food.", "Where is the station?"]
-    with TestClient(bare_front.app) as client:
-        answer = client.post("/embed", json={"texts": texts})
-        assert answer.status_code == 200
-        body = answer.json()
-        assert body["tokens"] == [len(ids) for ids in tokenize(bare_front.tokenizer, texts)]
-        rows = np.array(body["embeddings"])
-        assert rows.shape == (2, contracts.EMBEDDING_DIM)
-        np.testing.assert_allclose(np.linalg.norm(rows, axis=1), 1.0, rtol=1e-5)
-        assert len(answer.content) > 2 * contracts.EMBEDDING_DIM * 8  # floats, not a summary
-        many = client.post("/embed", json={"texts": texts * 40}).json()
-        assert np.array(many["embeddings"]).shape == (80, contracts.EMBEDDING_DIM)
-        assert many["tokens"] == body["tokens"] * 40
-        for bad in ({"texts": []}, {"texts": [1]}, {"text": "x"}):
-            assert client.post("/embed", json=bad).status_code == 400
-        assert client.get("/health").json() == {"ok": True}

@@ -12,10 +12,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from loadtests.processes import ROOT
 from models import corpus, parity, source, store
 from serving import contracts
 from serving.features import load_tokenizer, pad, tokenize
+from testkit.processes import ROOT
 
 KNOWN = ("A man is eating food.", "A man is eating a piece of bread.")
 

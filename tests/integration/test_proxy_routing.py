@@ -1,4 +1,4 @@
-"""The routing model (loadtests/routing.py, which `make simulate-replicas` runs) against a real
+"""The routing model (testkit/haproxy_ring.py, which `make simulate-replicas` runs) against a real
 HAProxy running the tenant backend's own directives from deploy/proxy/haproxy.cfg: every tenant
 lands where the model says, a replica added takes only keys the model moves to it, and a hot tenant's
 concurrent requests spread exactly as the model's bounded load spreads them. And each proxy config's
@@ -25,9 +25,9 @@ import httpx
 import psutil
 import pytest
 
-from loadtests.processes import free_port, stop_processes
-from loadtests.routing import Ring
-from tests.unit.test_proxy_config import COMPOSE_CFG, K8S_CFG, haproxy, section
+from testkit.haproxy_ring import Ring
+from testkit.processes import free_port, stop_processes
+from tests.integration.test_proxy_config import COMPOSE_CFG, K8S_CFG, haproxy, section
 
 # A replica: answers every GET with its name after ?sleep= seconds.
 BACKEND = """

@@ -28,9 +28,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from loadtests.processes import ROOT
-from loadtests.routing import Ring
 from models import demo_tenants as demo
+from testkit.haproxy_ring import Ring
+from testkit.processes import ROOT
 
 COMPOSE = ROOT / "deploy" / "compose" / "docker-compose.yml"
 LOAD = Path(__file__).with_name("load.py")

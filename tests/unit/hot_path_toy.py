@@ -6,7 +6,9 @@ its own: BentoML registers its request metrics once per process.
 
 Variants: lean (the lean path in front) or bentoml (the same service as BentoML serves it, its
 routes untraced alike). Scenarios: requests, slow, stalled, logged, public-pickle, internal-pickle,
-traced, unsafe.
+traced, unsafe, frozen; and the requests with BentoML broken on purpose, as an upgrade could break
+what the lean path reads (``BREAKS``): a module moved, an attribute renamed, a layer added to its
+stack, a version it was not written for (auto, and with the lean path forced on).
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import json
+import os
 import pickle
 import sys
 import time
@@ -62,6 +65,9 @@ class Toy:
     """Each kind of answer an API gives: a model (BentoML's output spec writes it), a Response,
     an error reply, an exception, a late answer, a validation error raised inside, keyword args,
     and what an API does with its ctx."""
+
+    # `make test-newest-bentoml` forces it on: the lean path runs on whatever BentoML that is.
+    lean_path = os.environ.get("HOT_PATH_TOY_LEAN_PATH", "auto")
 
     @bentoml.api
     async def model(self, request: Text, /, ctx: bentoml.Context) -> Upper:
@@ -166,12 +172,12 @@ class Plain:
 
 
 def toy(name: str, lean: bool, traced: bool = False, access_log: bool = False) -> Any:
-    """``Toy`` as a service, with the lean path in front (``lean``) or as BentoML serves it; its
-    routes kept out of tracing unless ``traced``."""
-    settings = ServiceSettings(trace_requests=traced)
+    """``Toy`` as a service, with the lean path in front (``lean``, as ``Toy.lean_path`` says) or
+    as BentoML serves it; its routes kept out of tracing unless ``traced``."""
+    settings = ServiceSettings(trace_requests=traced, lean_path=Toy.lean_path)
     decorate = bentoml.service(
         name=name,
-        service_class=HotPathService if lean else bentoml.Service,
+        service_class=settings.service_class() if lean else bentoml.Service,
         tracing=settings.tracing(ROUTES),
         traffic={"timeout": 1},
         logging={"access": {"enabled": access_log}},
@@ -212,11 +218,70 @@ DELEGATED = (
 )
 
 
-def answers(service: HotPathService) -> dict[str, Any]:
+class Unknown:
+    """A layer BentoML's stack might gain in a release the lean path does not know."""
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        await self.app(scope, receive, send)
+
+
+def moved_module() -> None:
+    """A private module the lean path imports from loses a name (moved elsewhere)."""
+    import importlib
+
+    import bentoml._internal.server.http.access as access
+
+    from serving import internals
+
+    del access.AccessLogMiddleware
+    importlib.reload(internals)
+
+
+def unknown_version(mode: str) -> None:
+    bentoml.__version__ = "9.9.9"
+    Toy.lean_path = mode
+
+
+def renamed_attribute(service: Any, app: Any) -> None:
+    """Once BentoML has built its routes, an attribute of its API methods that the lean path reads
+    is gone (renamed)."""
+    for method in service.apis.values():
+        del method.is_task
+
+
+def added_layer(service: Any, app: Any) -> None:
+    """Once started, BentoML's stack has a layer on top that the lean path does not know."""
+    app.app.middleware_stack = Unknown(app.app.middleware_stack)
+
+
+# Each break: what it does before the service is built, and once its app has started.
+BREAKS: dict[str, tuple[Any, Any]] = {
+    "moved-module": (moved_module, None),
+    "renamed-attribute": (None, renamed_attribute),
+    "added-layer": (None, added_layer),
+    "unknown-version": (lambda: unknown_version("auto"), None),
+    "unknown-version-forced": (lambda: unknown_version("on"), None),
+}
+
+
+def answers(service: HotPathService, started: Any = None) -> dict[str, Any]:
     """Each request's status, body and every header but the date; the metrics after them; the
-    lean routes; how many requests BentoML's own endpoint answered; the background tasks run."""
+    lean routes; how many requests BentoML's own endpoint answered; the background tasks run;
+    the lean path's warnings. ``started(service, app)`` runs once the app has started."""
+    import logging
+
     from _bentoml_impl.server.app import ServiceAppFactory
 
+    logged: list[str] = []
+
+    class Keep(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            logged.append(record.getMessage())
+
+    logging.getLogger("bento_bundle.internals").addHandler(Keep())
     wrapper, wrapped = ServiceAppFactory.api_endpoint_wrapper, []
 
     async def counted(factory: Any, name: str, request: Any) -> Any:
@@ -231,6 +296,8 @@ def answers(service: HotPathService) -> dict[str, Any]:
         warnings.catch_warnings(record=True) as caught,
     ):
         warnings.simplefilter("always")
+        if started is not None:
+            started(service, app)
         for path, body, media in REQUESTS:
             data = body if isinstance(body, bytes) else json.dumps(body).encode()
             resp = client.post(path, content=data, headers={"content-type": media, "x-agent": "t"})
@@ -245,6 +312,7 @@ def answers(service: HotPathService) -> dict[str, Any]:
         "bentoml_answered": len(wrapped),
         "background": BACKGROUND,
         "warnings": sorted({f"{w.category.__name__}: {w.message}" for w in caught}),
+        "logged": logged,
     }
 
 
@@ -375,6 +443,9 @@ def frozen(service: HotPathService) -> dict[str, Any]:
 
 if __name__ == "__main__":
     scenario, variant = sys.argv[1:3]
+    before, once_started = BREAKS.get(scenario, (None, None))
+    if before is not None:
+        before()
     service = toy(
         f"toy_{variant}",
         lean=variant == "lean",
@@ -391,5 +462,6 @@ if __name__ == "__main__":
         "traced": traced,
         "unsafe": unsafe,
         "frozen": frozen,
+        **{name: lambda s: answers(s, once_started) for name in BREAKS},
     }[scenario]
     print(json.dumps(run(service)))

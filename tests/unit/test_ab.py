@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from loadtests import ab, cpu
+from loadtests import ab
 from loadtests.ab import Sample, sample, summary
 from loadtests.points import Point
 
@@ -31,22 +31,12 @@ def test_summary_is_medians_and_their_ratio() -> None:
         "runner_serving_ms",
         "engine_ms",
         "not_ok",
-        "rows_a_runner_call",
-        "rows_an_engine_call",
     ]
     assert rows["sentences_per_s"] == (100, 125, 1.25)
     assert rows["p50_ms"] == (4.5, 3.8, pytest.approx(3.8 / 4.5))
     assert rows["tokenizer_ms"] == (1.0, 0.8, pytest.approx(0.8))
     assert rows["runner_serving_ms"] == (1.0, 0.8, pytest.approx(0.8))
     assert rows["not_ok"][:2] == (3, 6)  # summed: a round that shed is not hidden by a median
-
-
-def test_the_batching_shape_is_rows_over_calls_between_two_readings() -> None:
-    before, after = cpu.Batching(10, 40, 300), cpu.Batching(20, 90, 590)
-    assert ab.shape(before, after) == {"rows_a_runner_call": 29.0, "rows_an_engine_call": 5.8}
-    assert all(math.isnan(v) for v in ab.shape(after, after).values())  # no call: no figure
-    # A runner without the rows histogram (an older tree): no figure, not 0 rows a call.
-    assert math.isnan(ab.shape(cpu.Batching(1, 0, 0), cpu.Batching(5, 0, 0))["rows_a_runner_call"])
 
 
 def _point(failures: int = 0, shed: int = 0) -> Point:

@@ -7,10 +7,10 @@ import math
 
 import pytest
 
-from loadtests.processes import ROOT
 from serving.batching import Admission
 from serving.batching.admission import PLANNED_SHARE, WINDOW_S
 from serving.errors import DeadlineExceeded
+from testkit.processes import ROOT
 
 
 def test_work_is_planned_to_a_share_of_the_deadline() -> None:

@@ -44,11 +44,11 @@ def test_admissions_refusals_are_at_admission_and_an_expiry_is_not() -> None:
 def test_the_summary_counts_refusals_at_admission_apart() -> None:
     phase = Phase("overload", 10)
     phase.outcomes = [
-        Outcome(0, 0.1, 429, "1", at_admission=True),
-        Outcome(0, 0.1, 503, "1", at_admission=True),
-        Outcome(0, 0.1, 503, "1"),  # another 503: refused, not at admission
-        Outcome(0, 9.9, 503, "1", expired=True),
-        Outcome(0, 0.2, 200),
+        Outcome("/embed", 0, 0.1, 429, "1", at_admission=True),
+        Outcome("/embed", 0, 0.1, 503, "1", at_admission=True),
+        Outcome("/embed", 0, 0.1, 503, "1"),  # another 503: refused, not at admission
+        Outcome("/embed", 0, 9.9, 503, "1", expired=True),
+        Outcome("/embed", 0, 0.2, 200),
     ]
     summary = phase.summary()
     assert (summary["refused"], summary["refused_at_admission"], summary["expired"]) == (3, 2, 1)

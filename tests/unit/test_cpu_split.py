@@ -3,9 +3,6 @@ read from the runners' counter on /metrics, subtracted from the process's CPU fr
 
 from __future__ import annotations
 
-import os
-import time
-
 import pytest
 
 from loadtests import cpu
@@ -50,13 +47,6 @@ bundle_batch_rows_sum{model="minilm",runner="tf_runner"} 9.0
 """
 
 
-def test_a_runner_s_calls_engine_calls_and_rows_are_read_from_its_series_alone() -> None:
-    # The front service's own /embed requests (its own runner_name) and other routes are not.
-    assert cpu.batching_in(BATCHING) == cpu.Batching(calls=32.0, engine_calls=160.0, rows=928.0)
-    assert cpu.batching_in(BATCHING, "tf_runner") == cpu.Batching(7.0, 3.0, 9.0)
-    assert cpu.batching_in("# nothing\n") == cpu.Batching(0.0, 0.0, 0.0)
-
-
 def test_a_runner_s_cpu_is_split_into_engine_and_the_rest() -> None:
     before = {1: ("onnx_runner", Usage(1.0, 10.0)), 2: ("tokenizer", Usage(5.0, 0.0))}
     after = {1: ("onnx_runner", Usage(1.1, 13.3)), 2: ("tokenizer", Usage(5.3, 0.0))}
@@ -70,11 +60,3 @@ def test_a_runner_s_cpu_is_split_into_engine_and_the_rest() -> None:
     assert "engine_ms" not in rows["tokenizer"]  # it counts no engine: no split
     # Without the counters (a baseline server), no process is split.
     assert all("engine_ms" not in row for row in cpu.per_request(before, after, 1000).values())
-
-
-def test_a_main_threads_wakeups_count_each_time_it_slept_and_was_woken() -> None:
-    # pytest runs tests on the main thread, whose count wakeups() reads
-    before = cpu.wakeups(os.getpid())
-    for _ in range(5):
-        time.sleep(0.002)  # each sleep: the thread gives up its core and is woken
-    assert cpu.wakeups(os.getpid()) - before >= 5

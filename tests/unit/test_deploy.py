@@ -17,7 +17,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from loadtests.processes import ROOT
+from testkit.processes import ROOT
 
 DEPLOY = ROOT / "deploy"
 COMPOSE = DEPLOY / "compose" / "docker-compose.yml"

@@ -19,8 +19,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from loadtests.processes import ROOT
 from serving.replies import dumps, reply
+from testkit.processes import ROOT
 from tests.unit.hot_path_toy import DELEGATED, REQUESTS, ROUTES
 
 
@@ -228,3 +228,36 @@ def test_start_up_objects_are_frozen_once_start_up_is_complete(tmp_path_factory)
     assert full["after"] == 0 and not full["instance_frozen"], full
     assert not full["garbage_collected"], full  # nothing collected it: the check can fail
     assert full["thresholds"][1] == full["thresholds"][0]
+
+
+# What each break of BentoML's internals is named by in the lean path's one warning.
+BROKEN = {
+    "moved-module": "cannot import name 'AccessLogMiddleware'",
+    "renamed-attribute": "is_task",
+    "added-layer": "unknown layer(s) in BentoML's middleware stack: __main__.Unknown",
+    "unknown-version": "BentoML 9.9.9 is not a version this code was written against",
+}
+
+
+@pytest.mark.parametrize("scenario", list(BROKEN))
+def test_what_the_lean_path_does_not_know_sends_every_request_to_bentomls_path(
+    scenario: str, full, tmp_path_factory
+) -> None:
+    """BentoML broken on purpose as an upgrade could break it: every request is answered as
+    BentoML's own path answers it (no 500 for that reason: the toy's only 500 is its /crash,
+    on both paths), with one warning that names what the lean path met."""
+    broken = run(scenario, "lean", tmp_path_factory)
+    assert not broken["routes"]  # no lean route: BentoML's path for every request
+    assert broken["bentoml_answered"] == full["bentoml_answered"]
+    same = [[a[0], a[1]] for a in broken["answers"]]
+    assert same == [[b[0], b[1]] for b in full["answers"]]
+    assert sum(a[0] == 500 for a in broken["answers"]) == 1
+    assert len(broken["logged"]) == 1, broken["logged"]
+    assert BROKEN[scenario] in broken["logged"][0], broken["logged"]
+    assert "takes BentoML's own path" in broken["logged"][0]
+
+
+def test_the_setting_forces_the_lean_path_on_an_unknown_version(lean, tmp_path_factory) -> None:
+    forced = run("unknown-version-forced", "lean", tmp_path_factory)
+    assert forced["routes"] == sorted(ROUTES) and forced["logged"] == []
+    assert [a[:2] for a in forced["answers"]] == [a[:2] for a in lean["answers"]]

@@ -13,7 +13,7 @@ import sys
 import pytest
 from opentelemetry.util.http import ExcludeList
 
-from loadtests.processes import ROOT
+from testkit.processes import ROOT
 
 SERVICES = {
     "services.tokenizer.service:Tokenizer": (

@@ -8,7 +8,7 @@ import tomllib
 import pytest
 import yaml
 
-from loadtests.processes import ROOT
+from testkit.processes import ROOT
 
 BENTOFILES = [
     "bentofile.yaml",

@@ -105,12 +105,11 @@ def test_the_figures_are_proc_cpu_by_category() -> None:
     assert "| tokenizer | main | HTTP (uvicorn) | 0.300 | 75% |" in text
     assert "| tokenizer | main | **all** (4,000 samples) | **0.400** | |" in text
     assert "300 requests/s answered, 0 failed or shed" in text
-    assert "waited for a core" not in text  # a record made before the wait was measured
 
 
 def runner_at(main_ms: float, **more: float) -> dict:
     """The ONNX runner's figures: 675 main-thread samples, 6 ms a request in the engine;
-    ``more``: further fields (its wait for a core, its wake-ups)."""
+    ``more``: further fields."""
     return {
         "from_proc": {"main_ms": main_ms, "other_threads_ms": 6.0, "total_ms": main_ms + 6.0},
         "main": {"HTTP (uvicorn)": main_ms},
@@ -118,69 +117,3 @@ def runner_at(main_ms: float, **more: float) -> dict:
         "samples": {"main": 675, "other_threads": 9000},
         **more,
     }
-
-
-def floor_at(cpu_ms: float = 0.4, **wakeups: float) -> dict:
-    """The floor at 4,000 requests/s (0.25 ms a request) and at the stack's rate (``cpu_ms``);
-    ``wakeups``: ``saturated`` and ``at_stack_rate``'s wake-ups a request, once counted."""
-    at = {
-        "saturated": {"requests_per_s": 4000.0, "failed": 0, "cpu_ms": 0.25},
-        "at_stack_rate": {"hold_s": 0.2133, "requests_per_s": 296.0, "failed": 0, "cpu_ms": cpu_ms},
-    }
-    for name, woke in wakeups.items():
-        at[name]["wakeups"] = woke
-    return at
-
-
-def test_the_figures_give_each_main_threads_wait_for_a_core_beside_its_samples() -> None:
-    text = markdown(record({"onnx_runner": runner_at(0.1, main_waited_ms=0.2)}))
-    # 675 samples at 250 Hz over 9,000 requests: 0.3 ms a request seen active, 0.1 of it CPU
-    assert "onnx_runner 0.200 ms a request (0.300 sampled as active, against 0.100 of CPU)" in text
-
-
-def test_the_figures_set_the_tokenizers_cpu_against_the_hosts_floor_at_its_rate() -> None:
-    tokenizer = tokenizer_at(0.48, 0.02, **{"HTTP (uvicorn)": 0.48})
-    text = markdown(record({"tokenizer": tokenizer}, floor=floor_at()))
-    assert "under the same 64 connections" in text
-    assert "(4000 requests/s, 0 failed) it took **0.250 ms** of CPU a request" in text
-    assert "holding each answer 213 ms" in text
-    assert "(296 requests/s, 0 failed), **0.400 ms**" in text
-    # the tokenizer's every thread, over the floor's CPU at the tokenizer's own rate
-    assert "The tokenizer spent 0.500 ms a request, 1.25x the floor at its rate" in text
-    assert "likely" not in text  # no guess at why a request costs more at a low rate
-    assert "Wake-ups" not in text  # a record made before the wake-up probe
-
-
-def test_a_record_without_a_floor_says_nothing_of_one() -> None:
-    assert "floor" not in markdown(record({"tokenizer": tokenizer_at(0.4, **{"JSON": 0.4})}))
-
-
-def wake_up_text(floor: dict | None, cost_us: float = 40.0) -> str:
-    tokenizer = {**tokenizer_at(0.5, **{"HTTP (uvicorn)": 0.5}), "main_wakeups": 0.15}
-    processes = {"onnx_runner": runner_at(0.12, main_wakeups=0.6), "tokenizer": tokenizer}
-    run = record(processes, **({"floor": floor} if floor else {}))
-    return markdown({**run, "profile": {**run["profile"], "wake_up_us": cost_us}})
-
-
-def test_the_figures_put_the_main_threads_wakeups_at_the_hosts_cost_of_one() -> None:
-    text = wake_up_text(floor_at(saturated=0.1, at_stack_rate=1.3))
-    assert "an event loop's wake-up costs **40 µs** of CPU with every core busy" in text
-    # wake-ups a request x the cost of one, against the thread's CPU
-    assert "onnx_runner 0.60 times a request, about 0.024 ms of its 0.120" in text
-    assert "tokenizer 0.15 times a request, about 0.006 ms of its 0.500" in text
-    assert "The floor's woke 0.10 times a request answering as fast as it could and 1.30" in text
-    # (1.3 - 0.1) x 40 µs, of the floor's 0.400 - 0.250 ms
-    assert "at the stack's rate: about 0.048 ms of the 0.150 ms more a request" in text
-    assert "that it cost at that rate (32%)." in text
-
-
-def test_a_floor_that_cost_no_more_at_the_stacks_rate_gets_no_share() -> None:
-    text = wake_up_text(floor_at(0.24, saturated=0.1, at_stack_rate=1.3))
-    assert "at the stack's rate, where a request cost it no more (-0.010 ms)." in text
-    assert "%" not in text.split("Wake-ups:")[1]
-
-
-def test_the_wakeups_are_given_without_a_floor_when_none_was_measured() -> None:
-    text = wake_up_text(None)
-    assert "onnx_runner 0.60 times a request, about 0.024 ms of its 0.120" in text
-    assert "The floor's" not in text

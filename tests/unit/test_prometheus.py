@@ -9,7 +9,7 @@ from pathlib import Path
 
 import yaml
 
-from loadtests.processes import ROOT
+from testkit.processes import ROOT
 
 HERE = ROOT / "deploy" / "prometheus"
 RULES = sorted((HERE / "rules").glob("*.yml"))

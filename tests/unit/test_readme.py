@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 import subprocess
 
-from loadtests.processes import ROOT
+from testkit.processes import ROOT
 
 README = (ROOT / "README.md").read_text()
 

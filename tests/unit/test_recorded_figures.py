@@ -1,8 +1,7 @@
-"""loadtests/README.md's figures are the recorded benchmark run's: the block between its markers is
-the newest loadtests/results/DATE.json as the report renders it (no figures while none is
-recorded), and every recorded run is a full one (not quick, at least 3 repeats, from a committed
-tree) whose table and ratios are those its own points give, with no served figure above its raw
-limit."""
+"""loadtests/results/results.md is the recorded benchmark run's: the newest
+loadtests/results/DATE.json as the report renders it; every recorded run is a full one (not quick,
+at least 3 repeats, from a committed tree) whose table and ratios are those its own points give,
+with no served figure above its raw limit. Likewise the profile (loadtests/results/profile.md)."""
 
 from __future__ import annotations
 
@@ -10,27 +9,21 @@ import json
 import math
 
 from loadtests import report
-from loadtests.points import Point
-from loadtests.processes import ROOT
+from testkit.processes import ROOT
 
 RECORDED = sorted((ROOT / "loadtests" / "results").glob("*.json"))
 
 
-def test_readme_figures_are_the_newest_recorded_runs() -> None:
-    figures = report.readme_figures()
-    if not RECORDED:
-        assert "No run of this benchmark is recorded yet" in figures and "|" not in figures
-        return
+def test_results_md_is_the_newest_recorded_run() -> None:
+    assert RECORDED, "no benchmark run is recorded in loadtests/results"
     newest = RECORDED[-1]
-    assert figures == report.readme_block(newest), (
-        f"loadtests/README.md's figures are not {newest.name}'s as the report renders them now: "
-        f"regenerate them with `python -m loadtests.report {newest.relative_to(ROOT)}`"
+    assert report.RESULTS_MD.read_text() == report.results_md(newest), (
+        f"loadtests/results/results.md is not {newest.name}'s as the report renders it now: "
+        f"regenerate it with `python -m loadtests.report {newest.relative_to(ROOT)}`"
     )
 
 
 def test_every_recorded_run_is_full_and_within_its_raw_limits() -> None:
-    if not RECORDED:  # then the README has no figures: the test above
-        assert "No run of this benchmark is recorded yet" in report.readme_figures()
     for recorded in RECORDED:
         data = json.loads(recorded.read_text())
         meta = data["meta"]
@@ -49,7 +42,7 @@ def test_every_recorded_run_is_full_and_within_its_raw_limits() -> None:
                     plan: max(m[plan] for m in measured) for plan in limit["by_plan"]
                 }, (recorded.name, backend)
         # The table is its points' medians (a row edited by hand fails), the ratios its quotients.
-        rows = json.loads(json.dumps(report.table([Point(**p) for p in data["points"]])))
+        rows = json.loads(json.dumps(report.table(report.points_of(data))))
         assert data["rows"] == rows, recorded.name
         assert data["ratios"] == report.ratios(rows, data["raw"]), recorded.name
         for row in data["rows"]:  # every system's points, interleaved, once a repeat
@@ -59,15 +52,14 @@ def test_every_recorded_run_is_full_and_within_its_raw_limits() -> None:
 PROFILES = sorted((ROOT / "loadtests" / "results" / "profiles").glob("*.json"))
 
 
-def test_readme_profile_is_the_newest_recorded_one() -> None:
+def test_profile_md_is_the_newest_recorded_one(tmp_path, monkeypatch) -> None:
     from loadtests import profile
 
-    shown = profile.readme_profile()
-    if not PROFILES:
-        assert "No profile is recorded yet" in shown and "|" not in shown
-        return
-    assert shown == profile.readme_block(PROFILES[-1]), (
-        "loadtests/README.md's profile is not the newest recorded one: regenerate it with "
+    assert PROFILES, "no profile is recorded in loadtests/results/profiles"
+    shown = profile.PROFILE_MD.read_text()
+    monkeypatch.setattr(profile, "PROFILE_MD", tmp_path / "profile.md")
+    assert shown == profile.render(PROFILES[-1]).read_text(), (
+        "loadtests/results/profile.md is not the newest recorded profile: regenerate it with "
         f"`python -m loadtests.profile --render {PROFILES[-1].relative_to(ROOT)}`"
     )
 

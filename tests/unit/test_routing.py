@@ -1,4 +1,4 @@
-"""The model of HAProxy's consistent hashing with bounded load (loadtests/routing.py), and the
+"""The model of HAProxy's consistent hashing with bounded load (testkit/haproxy_ring.py), and the
 replica simulation built on it (loadtests/replicas.py)."""
 
 from __future__ import annotations
@@ -9,8 +9,7 @@ from collections import Counter
 
 import pytest
 
-from loadtests import replicas
-from loadtests.routing import Ring, full_hash, key_hash, sdbm
+from testkit.haproxy_ring import Ring, full_hash, key_hash, sdbm
 
 KEYS = [f"tenant-{i:05d}" for i in range(10_000)]
 
@@ -81,18 +80,3 @@ def test_slots_always_leave_a_replica_eligible() -> None:
         in_flight = {1: served, 2: served // 2, 3: 0}
         total = sum(ring.slots(s, in_flight, 125) for s in (1, 2, 3))
         assert total >= sum(in_flight.values()) + 1
-
-
-def test_the_simulation_holds_each_tenant_once_with_hashing_and_more_at_random() -> None:
-    arrivals = replicas.zipf(2_000, 20_000, 1.1, random.Random(7))
-    by = {
-        routing: replicas.simulate(routing, 4, arrivals, capacity=50, concurrency=64, factor=150)
-        for routing in replicas.ROUTINGS
-    }
-    assert by["consistent hash"]["copies_per_tenant"] == 1.0
-    assert by["random"]["copies_per_tenant"] > 1.2
-    assert by["consistent hash"]["hit_rate_before_loss"] > by["random"]["hit_rate_before_loss"]
-    assert by["bounded load"]["copies_per_tenant"] < by["random"]["copies_per_tenant"]
-    # Bounded load caps what a replica holds in flight at 1.5x the average (+1 for rounding).
-    assert by["bounded load"]["peak_load"] <= 1.5 + 4 / 64
-    assert by["consistent hash"]["peak_load"] > by["bounded load"]["peak_load"]

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from loadtests.processes import bentoml_serve, own_home
+from testkit.processes import bentoml_serve, own_home
 
 
 def test_each_bentoml_serve_has_a_home_of_its_own_sharing_models_bentos_and_tenants(

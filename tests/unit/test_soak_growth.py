@@ -14,7 +14,7 @@ from pathlib import Path
 import psutil
 
 from loadtests import soak
-from loadtests.processes import Server
+from testkit.processes import Server
 
 
 def series(values: list[tuple[float, int]], start: int = 20, key: str = "1 w") -> list[dict]:

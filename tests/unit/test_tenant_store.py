@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 import tarfile
 import threading
 from pathlib import Path
@@ -13,9 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from loadtests.processes import ROOT
 from runners.tenants import classifier, registry
-from runners.tenants.loader import load
 from runners.tenants.store import (
     InvalidModel,
     Manifest,
@@ -173,82 +169,6 @@ def test_two_concurrent_uploads_end_with_one_complete_current_version(
     assert (path / "model.onnx").is_file() and (path / "manifest.json").is_file()
     labels = json.loads((path / "manifest.json").read_text())["labels"]
     assert labels in (["x", "y", "z0"], ["x", "y", "z1"])
-
-
-# Runs an upload in a child process that SIGKILLs itself at its Nth filesystem step (any call
-# that creates, writes, flushes, renames or removes): N = 1, 2, ... covers every point of a crash.
-# tarfile writes the extracted files through its own reference to open (``tarfile.bltn_open``,
-# bound at import), so that is counted too. Each step's kind goes to stderr before it runs.
-KILL_AT_STEP = """
-import builtins, io, os, shutil, signal, sys, tarfile
-from pathlib import Path
-from runners.tenants import registry
-from runners.tenants.store import TenantStore
-kill_at, steps = int(sys.argv[2]), 0
-def step(real, kind):
-    def wrapper(*args, **kwargs):
-        global steps
-        steps += 1
-        os.write(2, f"step {steps} {kind}\\n".encode())
-        if steps == kill_at:
-            os.kill(os.getpid(), signal.SIGKILL)
-        return real(*args, **kwargs)
-    return wrapper
-for name in ("mkdir", "rename", "replace", "symlink", "fsync", "unlink", "rmdir", "chmod"):
-    setattr(os, name, step(getattr(os, name), name))
-shutil.rmtree = step(shutil.rmtree, "rmtree")
-def writes(real, kind):
-    counted = step(real, kind)
-    def opening(file, mode="r", *args, **kwargs):
-        return (counted if any(c in mode for c in "wax+") else real)(file, mode, *args, **kwargs)
-    return opening
-builtins.open = io.open = writes(io.open, "open")
-tarfile.bltn_open = writes(tarfile.bltn_open, "extract-write")
-registry.upload(TenantStore(Path(sys.argv[1])), "acme", Path(sys.argv[3]), 1 << 24)
-print(steps)
-"""
-
-
-def test_an_upload_killed_at_any_step_leaves_a_complete_version(
-    store: TenantStore, tmp_path: Path
-) -> None:
-    old_version, old_path = store.current("acme")
-    old_bytes = (old_path / "model.onnx").read_bytes()
-    new_dir = tiny_model(tmp_path / "new", ["p", "q"], seed=1)
-    new_bytes = (new_dir / "model.onnx").read_bytes()
-    new = archive(new_dir, tmp_path / "new.tar.gz")
-    killed_at: dict[int, str] = {}
-    for kill_at in range(1, 300):
-        proc = subprocess.run(
-            [sys.executable, "-c", KILL_AT_STEP, str(store.root), str(kill_at), str(new)],
-            cwd=ROOT,
-            capture_output=True,
-            text=True,
-        )
-        if proc.returncode == 0:  # the upload finished before reaching this step
-            break
-        assert proc.returncode == -9, proc.stderr[-500:]
-        killed_at[kill_at] = proc.stderr.strip().splitlines()[-1].split()[-1]
-        # Whatever the step, the tenant has one complete version: the old, or the new once the
-        # atomic switch happened. Never a missing, partial or mixed one: it loads, and its model is
-        # byte for byte the one that was published.
-        version, path = store.current("acme")
-        model = load("acme", version, path)
-        if version == old_version:
-            assert model.labels == ["a", "b"], kill_at
-            assert (path / "model.onnx").read_bytes() == old_bytes, kill_at
-        else:
-            assert model.labels == ["p", "q"], kill_at
-            assert (path / "model.onnx").read_bytes() == new_bytes, kill_at
-    else:
-        pytest.fail(f"the upload took more than {kill_at} filesystem steps: raise the loop's bound")
-    print(f"upload killed at each of its {len(killed_at)} filesystem steps: {killed_at}")
-    kinds = set(killed_at.values())
-    # The crash points were really exercised, extraction's own writes among them.
-    assert {"extract-write", "mkdir", "fsync", "rename", "symlink", "replace"} <= kinds, kinds
-    # What the killed processes left behind is cleaned up, and the next upload works.
-    store.clean_staging(older_than_s=0)
-    assert registry.upload(store, "acme", new, 1 << 24).labels == ["p", "q"]
 
 
 def test_a_label_over_the_public_limit_is_refused_on_every_path(

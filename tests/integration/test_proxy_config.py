@@ -1,0 +1,103 @@
+"""The proxy's two configs (compose/Swarm and Kubernetes) pass HAProxy's own check, route tenants
+by the same rule, and name exactly the tenant-runner replicas each deployment has.
+
+HAProxy is Debian's package unpacked by `make tools` (HAPROXY_ROOT), run here only with ``-c``."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+from pathlib import Path
+
+import yaml
+
+from testkit.processes import ROOT
+
+COMPOSE_CFG = ROOT / "deploy" / "proxy" / "haproxy.cfg"
+K8S_CFG = ROOT / "deploy" / "k8s" / "base" / "proxy" / "haproxy.cfg"
+COMPOSE = ROOT / "deploy" / "compose" / "docker-compose.yml"
+K8S_TENANTS = ROOT / "deploy" / "k8s" / "base" / "tenant-runner.yaml"
+# The directives that decide where a tenant goes (testkit/haproxy_ring.py models them).
+RULE = ["balance hdr(X-Bundle-Tenant)", "hash-type consistent", "hash-balance-factor 150"]
+
+
+def haproxy() -> list[str]:
+    root = ROOT / os.environ.get("HAPROXY_ROOT", "build/tools/haproxy")
+    binary = root / "usr" / "sbin" / "haproxy"
+    assert binary.exists(), f"{binary} missing: `make tools` fetches it"
+    return ["env", f"LD_LIBRARY_PATH={root / 'usr' / 'lib' / 'x86_64-linux-gnu'}", str(binary)]
+
+
+def check(path: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([*haproxy(), "-c", "-f", str(path)], capture_output=True, text=True)
+
+
+def section(cfg: str, name: str) -> list[str]:
+    """The lines of one section (``backend tenant-runners``), comments and blanks dropped."""
+    lines, inside = [], False
+    for raw in cfg.splitlines():
+        line = raw.split("#", 1)[0].rstrip()
+        if not line:
+            continue
+        if not raw.startswith(" "):
+            inside = line == name
+        elif inside:
+            lines.append(line.strip())
+    return lines
+
+
+def servers(cfg: str) -> list[tuple[str, str, int, int]]:
+    """(name, address, id, weight) of each tenant-runner server."""
+    found = []
+    for line in section(cfg, "backend tenant-runners"):
+        if m := re.fullmatch(r"server (\S+) (\S+) id (\d+) weight (\d+)", line):
+            found.append((m[1], m[2], int(m[3]), int(m[4])))
+    return found
+
+
+def test_both_configs_pass_haproxys_check() -> None:
+    for path in (COMPOSE_CFG, K8S_CFG):
+        proc = check(path)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        assert "Configuration file is valid" in proc.stdout + proc.stderr
+
+
+def test_a_broken_config_fails_the_check(tmp_path: Path) -> None:
+    broken = tmp_path / "haproxy.cfg"
+    broken.write_text(COMPOSE_CFG.read_text().replace("hash-type consistent", "hash-type ring"))
+    assert check(broken).returncode != 0
+
+
+def test_tenants_are_routed_by_the_same_rule_on_compose_and_kubernetes() -> None:
+    for cfg in (COMPOSE_CFG.read_text(), K8S_CFG.read_text()):
+        backend = section(cfg, "backend tenant-runners")
+        assert [
+            line
+            for line in backend
+            if line.split()[0] in {"balance", "hash-type", "hash-balance-factor"}
+        ] == RULE
+        # Every server weight 16 (the model's ring), ids 1..N in order: a replica's place on the ring.
+        found = servers(cfg)
+        assert [s[3] for s in found] == [16] * len(found)
+        assert [s[2] for s in found] == list(range(1, len(found) + 1))
+
+
+def test_compose_servers_are_the_compose_tenant_runners() -> None:
+    spec = yaml.safe_load(COMPOSE.read_text())
+    runners = sorted(name for name in spec["services"] if name.startswith("tenant-runner-"))
+    assert [(name, address) for name, address, *_ in servers(COMPOSE_CFG.read_text())] == [
+        (name, f"{name}:3000") for name in runners
+    ]
+
+
+def test_kubernetes_servers_are_the_statefulsets_pods_up_to_the_hpas_maximum() -> None:
+    docs = {doc["kind"]: doc for doc in yaml.safe_load_all(K8S_TENANTS.read_text())}
+    most = docs["HorizontalPodAutoscaler"]["spec"]["maxReplicas"]
+    service = docs["StatefulSet"]["spec"]["serviceName"]
+    assert docs["Service"]["spec"]["clusterIP"] == "None"  # headless: a DNS name per pod
+    expected = [
+        (f"tenant-runner-{i}", f"tenant-runner-{i}.{service}.bento-bundle.svc.cluster.local:3000")
+        for i in range(most)
+    ]
+    assert [(name, address) for name, address, *_ in servers(K8S_CFG.read_text())] == expected

@@ -1,0 +1,44 @@
+"""`make profile`, briefly, on the real graph: py-spy samples both workers under chat load, the
+samples land in categories that name the real work, and /proc's CPU is split among them whole."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import sys
+from pathlib import Path
+
+from testkit.processes import ROOT, run_tree
+
+RECORDED = ROOT / "loadtests" / "results"
+USERS = 16
+
+
+def test_a_short_profile_attributes_each_workers_cpu(tmp_path: Path) -> None:
+    before = {p: p.read_bytes() for p in RECORDED.rglob("*") if p.is_file()}
+    env = {**os.environ, "BENCH_OUT": str(tmp_path), "BENTOML_DO_NOT_TRACK": "True"}
+    argv = [sys.executable, "-m", "loadtests.profile", "--seconds", "8", "--users", str(USERS)]
+    # run_tree: on a timeout the profile's server is stopped by PID with it
+    proc = run_tree([*argv, "--out", str(tmp_path / "p.json")], 600, cwd=ROOT, env=env)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    after = {p: p.read_bytes() for p in RECORDED.rglob("*") if p.is_file()}
+    assert after == before  # shorter than a full run: not recorded
+    run = json.loads((tmp_path / "p.json").read_text())["profile"]
+    assert run["requests"] > 0 and run["failed"] == 0
+    tokenizer, runner = run["processes"]["tokenizer"], run["processes"]["onnx_runner"]
+    assert tokenizer["main"].get("HTTP (uvicorn)", 0) > 0
+    assert tokenizer["main"].get("tokenizing (tokenizers, Rust)", 0) > 0
+    assert runner["other_threads"].get("engine (ONNX Runtime)", 0) > 0
+    for name, p in run["processes"].items():
+        assert p["samples"]["main"] > 0, (name, p)
+        for kind in ("main", "other_threads"):  # /proc's CPU, every ms of it in a category
+            assert math.isclose(
+                sum(p[kind].values()), p["from_proc"][f"{kind}_ms"], abs_tol=1e-3
+            ), (name, p)
+    # the rules name nearly all of it
+    for name, p in run["processes"].items():
+        assert p["main"].get("other", 0) < 0.1 * p["from_proc"]["main_ms"], (name, p)
+    # the engine is most of the runner's other threads (the lanes run it)
+    engine = runner["other_threads"]["engine (ONNX Runtime)"]
+    assert engine > 0.5 * runner["from_proc"]["other_threads_ms"], runner
