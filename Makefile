@@ -13,6 +13,11 @@ export BENTOML_DO_NOT_TRACK := True
 export TOKENIZERS_PARALLELISM := false
 
 N ?= 1000
+# Another catalogue of models (serving/catalogue.py): `make models CATALOGUE=path`, `make serve
+# CATALOGUE=path`. The services and the builder read it from BUNDLE_CATALOGUE.
+ifdef CATALOGUE
+export BUNDLE_CATALOGUE := $(abspath $(CATALOGUE))
+endif
 # Where no image registry is reachable, images build on a local Debian base (deploy/README.md).
 # BASE_IMAGE= (empty) uses BentoML's default python:3.11-slim from a registry instead.
 BASE_IMAGE ?= bento-bundle/base:bookworm
@@ -73,10 +78,10 @@ tools: wrk $(PROMTOOL) $(HAPROXY) ## System tools: wrk, docker-compose (deploy c
 	  $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -q docker-compose >/dev/null; }
 	@command -v kubectl >/dev/null || { echo "error: kubectl not found: install it (it renders deploy/k8s offline)"; exit 1; }
 
-models: install ## Build every model into the BentoML model store (FORCE=1 rebuilds, SOURCE=dir|hub-id)
-	$(PY) -m models.build $(if $(FORCE),--force) $(if $(SOURCE),--source $(SOURCE))
+models: install ## Build every model of the catalogue into the BentoML model store (CATALOGUE=path, FORCE=1 rebuilds)
+	$(PY) -m models.build $(if $(FORCE),--force)
 
-parity: models ## Parity report of every backend against PyTorch (build/parity.json)
+parity: models ## Parity report of every model and backend against PyTorch (build/parity.json)
 	$(PY) -m models.parity
 
 # Whole-model demo tenants (ONNX, every fourth TF) live in a store of their own, so that the head

@@ -8,7 +8,9 @@ system:
 - stack, batching off: the same graph with one sequence per engine call;
 - fastapi: a FastAPI + ONNX Runtime server answering one request at a time;
 - naive bentoml: ``batchable=True`` on ``list[list[int]]``, padded to the longest;
-- hand-written batching: one Starlette process with a length-sorting dynamic batcher.
+- hand-written batching: one Starlette process with a length-sorting dynamic batcher;
+- several models (isolation.py): one model's one-sentence p99 alone and beside another model
+  saturated with bulk requests, on one graph.
 Every server runs for the whole benchmark and the points are interleaved: for each repeat, each
 workload and user count, every system in turn, so a noisy minute is shared by all; before each
 point every server is drained, and one that has not worked off its queue in SETTLE_S is restarted
@@ -34,7 +36,7 @@ from collections.abc import Iterator
 from dataclasses import asdict
 from pathlib import Path
 
-from loadtests import cpu, report
+from loadtests import cpu, isolation, report
 from loadtests.points import (
     BULK_LONGER,
     FASTAPI,
@@ -122,17 +124,21 @@ def exited(name: str, server: Server) -> None:
 
 
 def measure_raw(when: str) -> dict[str, dict]:
-    """The raw limit per backend (fp32, int8), printed as measured. A quick run times half the
-    plans on ~300 of the corpus's texts."""
-    from serving import contracts
+    """The raw limit of the model the stack serves by default (the catalogue's first embed model)
+    on each ONNX backend (fp32: onnx, int8: onnx-int8), printed as measured. A quick run times half
+    the plans on ~300 of the corpus's texts."""
+    from serving import catalogue
 
+    served = catalogue.current().default("embed")
+    if served is None:
+        raise SystemExit(f"error: {catalogue.path()} has no embed model to measure")
     texts = 300 if QUICK else None
     raw = {
-        backend: raw_engine(model, 1 if QUICK else 3, texts, quick=QUICK)
-        for backend, model in (("fp32", contracts.ONNX_FP32), ("int8", contracts.ONNX_INT8))
+        key: raw_engine(served.name, backend, 1 if QUICK else 3, texts, quick=QUICK)
+        for key, backend in (("fp32", "onnx"), ("int8", "onnx-int8"))
     }
     measured = ", ".join(
-        f"{backend} {limit['sentences_per_s']:.0f} sentences/s ({limit['plan']})"
+        f"{served.name} {backend} {limit['sentences_per_s']:.0f} sentences/s ({limit['plan']})"
         for backend, limit in raw.items()
     )
     print(f"raw engine ({when} of the run): {measured}", flush=True)
@@ -218,6 +224,8 @@ def main(argv: list[str] | None = None) -> int:
         if not QUICK:  # again at the end, the servers stopped, and the best of both kept
             end = measure_raw("end")
             raw = {backend: best_of(raw[backend], end[backend]) for backend in raw}
+        several = isolation.measure(OUT, args.seconds * 2)
+        print(report.several_models(several), flush=True)
     results = report.results(
         points,
         raw,
@@ -236,6 +244,7 @@ def main(argv: list[str] | None = None) -> int:
             "load_generator": "wrk (loadtests/wrk/bodies.lua)",
         },
     )
+    results["several_models"] = several
     return publish(results, record=args.record)
 
 

@@ -33,6 +33,7 @@ import time
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import httpx
 import numpy as np
@@ -226,7 +227,7 @@ async def run(url: str, server: Server | None, seconds: float) -> dict:
         await driver.open(overload.offered_per_s, seconds, overload.outcomes)
         recovered = await recovery_s(driver, probes.outcomes, baseline_p50)
         print(f"  refused {overload.summary()['refused']}; recovered in {recovered} s", flush=True)
-        report = {
+        report: dict[str, Any] = {
             "url": url,
             "seconds_per_phase": seconds,
             "bulk_sentences": BULK,

@@ -45,12 +45,15 @@ def wrk_binary() -> str:
     return found
 
 
-def write_bodies(workload: str, out: Path, backend: str = "", count: int = 2000) -> Path:
+def write_bodies(
+    workload: str, out: Path, backend: str = "", count: int = 2000, model: str = ""
+) -> Path:
     """One JSON body per line: chat sends one corpus text per request, bulk 32 (the same texts
-    whatever the backend)."""
+    whatever the backend or model)."""
     texts = corpus.load_texts()
     rng = random.Random(7)
     extra = {"backend": backend} if backend else {}
+    extra |= {"model": model} if model else {}
     per = 1 if workload == "chat" else BULK
     lines = [
         json.dumps(

@@ -50,6 +50,7 @@ def _thresholds(environment: Environment, **_: object) -> None:
     """Pass/fail through Locust's exit code, so a headless run can gate CI."""
     total = environment.stats.total
     options = environment.parsed_options
+    assert options is not None  # a run from the command line, with this file's options
     problems = []
     if total.num_requests == 0:
         problems.append("no requests were made")

@@ -1,4 +1,4 @@
-"""The limit: the engine in this process, no HTTP (tokenize + ONNX session), per backend.
+"""The limit: the engine in this process, no HTTP (tokenize + ONNX session), per model and backend.
 
 The best of every way to feed it over the load-test corpus: two kinds of plan — length-sorted
 batches of a fixed row count, and the stack's own planner (``serving.batching.plan``, at the ONNX
@@ -19,6 +19,7 @@ import os
 import statistics
 import time
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 # The sweep reaches past every best plan a record has found (``at_edge`` warns when one is at an
 # end): its history is in loadtests/README.md.
@@ -38,25 +39,37 @@ def sample(texts: list[str], limit: int | None) -> list[str]:
 
 
 def raw_engine(
-    model: str, repeats: int, texts_limit: int | None = None, quick: bool = False
+    model: str, backend: str, repeats: int, texts_limit: int | None = None, quick: bool = False
 ) -> dict:
-    """Sentences/s of the engine alone on the load-test corpus (about ``texts_limit`` of its texts,
-    in a quick run, and ``QUICK_PLANS``): the best plan, its median rate."""
+    """Sentences/s of one catalogue model's ONNX ``backend`` (onnx, onnx-int8) alone, with its own
+    tokenizer, on the load-test corpus (about ``texts_limit`` of its texts, in a quick run, and
+    ``QUICK_PLANS``): the best plan, its median rate."""
     from models import corpus, store
-    from serving import contracts
+    from serving import catalogue
     from serving.batching import plan
     from serving.engines.onnx import OnnxEngine
     from serving.features import load_tokenizer, pad, tokenize
+    from serving.served import spec_of
 
+    entry = catalogue.current().get(model)
+    if entry is None or backend not in entry.backends:
+        raise SystemExit(f"error: {model} on {backend} is not in {catalogue.path()}")
+    stored = store.latest(entry.store_name(backend))
+    spec = spec_of(stored)
     cores = os.cpu_count() or 2
-    path = store.path_of(model) / "model.onnx"
+    path = Path(stored.path_of("model.onnx"))
     providers = ["CPUExecutionProvider"]
-    wide = OnnxEngine(path, contracts.SENTENCE_EMBEDDING, threads=cores, providers=providers)
-    lane = OnnxEngine(path, contracts.SENTENCE_EMBEDDING, threads=1, providers=providers)
-    tokenizer = load_tokenizer(store.path_of(contracts.TOKENIZER) / "tokenizer.json")
+    wide = OnnxEngine(path, spec.contract(), threads=cores, providers=providers)
+    lane = OnnxEngine(path, spec.contract(), threads=1, providers=providers)
+    tokenizer_dir = Path(store.latest(entry.store_name("tokenizer")).path)
+    tokenizer = load_tokenizer(tokenizer_dir / "tokenizer.json", spec.max_length)
     texts = sample(corpus.load_texts(), texts_limit)
+
+    def padded(batch: list[list[int]]) -> dict:
+        return pad(batch, spec.pad_id, spec.token_types)
+
     for engine in (wide, lane):  # warm-up: allocations, kernel choice
-        engine(pad(tokenize(tokenizer, texts[:32])))
+        engine(padded(tokenize(tokenizer, texts[:32])))
     lanes = ThreadPoolExecutor(max_workers=cores)
 
     def batches_of(ids: list[list[int]], kind: str, size: int) -> list[list[list[int]]]:
@@ -69,9 +82,9 @@ def raw_engine(
     def run(batches: list[list[list[int]]], layout: str) -> None:
         if layout == "1 session":
             for batch in batches:
-                wide(pad(batch))
+                wide(padded(batch))
         else:  # every core runs its own call, taking the next batch when done
-            list(lanes.map(lambda batch: lane(pad(batch)), batches))
+            list(lanes.map(lambda batch: lane(padded(batch)), batches))
 
     layouts = ("1 session", f"{cores} lanes")
     rows, budgets = QUICK_PLANS if quick else (ROW_COUNTS, TOKEN_BUDGETS)
@@ -90,7 +103,13 @@ def raw_engine(
     lanes.shutdown()
     medians = {name: statistics.median(samples) for name, samples in rates.items()}
     best = max(medians, key=medians.__getitem__)
-    return {"sentences_per_s": medians[best], "plan": best, "by_plan": medians}
+    return {
+        "model": model,
+        "backend": backend,
+        "sentences_per_s": medians[best],
+        "plan": best,
+        "by_plan": medians,
+    }
 
 
 def best_of(*runs: dict) -> dict:
@@ -102,7 +121,14 @@ def best_of(*runs: dict) -> dict:
         {"sentences_per_s": run["sentences_per_s"], "plan": run["plan"], "by_plan": run["by_plan"]}
         for run in runs
     ]
-    return {"sentences_per_s": by_plan[best], "plan": best, "by_plan": by_plan, "runs": measured}
+    named = {key: runs[0][key] for key in ("model", "backend") if key in runs[0]}
+    return {
+        **named,
+        "sentences_per_s": by_plan[best],
+        "plan": best,
+        "by_plan": by_plan,
+        "runs": measured,
+    }
 
 
 def at_edge(plan: str) -> bool:

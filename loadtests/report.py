@@ -250,6 +250,8 @@ def markdown(results: dict) -> str:
             f"{meta.get('settle_s', '?')} s (bench.settle; the next point of each measured a fresh "
             "process): " + ", ".join(f"{name} {n}x" for name, n in restarted.items()) + ".",
         ]
+    if several := results.get("several_models"):
+        lines += ["", several_models(several)]
     lines += where_time_goes(results)
     lines += ["", "| target | met | measured |", "|---|---|---|"]
     lines += [
@@ -257,6 +259,17 @@ def markdown(results: dict) -> str:
         for t in checked(results)
     ]
     return "\n".join(lines)
+
+
+def several_models(figures: dict) -> str:
+    """One model's one-sentence p99 alone and beside another saturated (loadtests/isolation.py)."""
+    return (
+        f"Several models on one graph: {figures['model_b']}'s one-sentence requests (1 client) "
+        f"p99 {figures['b_alone_p99_ms']:.1f} ms alone, {figures['b_beside_a_p99_ms']:.1f} ms with "
+        f"{figures['model_a']} saturated by bulk requests ({figures['a_sentences_per_s']:.0f} "
+        f"sentences/s, {figures['a_shed']} shed): {figures['b_p99_ratio']:.2f}x; p50 "
+        f"{figures['b_alone_p50_ms']:.1f} and {figures['b_beside_a_p50_ms']:.1f} ms."
+    )
 
 
 def results_md(recorded: Path) -> str:

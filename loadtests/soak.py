@@ -30,6 +30,7 @@ import tempfile
 import time
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
 import psutil
 
@@ -70,7 +71,7 @@ class Mix:
         if kind == 4:
             return "/tokenize", {
                 "texts": texts,
-                "tokenizer": rng.choice(["minilm", "sentencepiece"]),
+                "tokenizer": rng.choice(["model", "sentencepiece"]),
             }
         if kind == 5:
             return "/inference", {"input_text": texts[0]}
@@ -244,7 +245,8 @@ async def run(
             archive = TenantStore(store).archive(TENANT, Path(tempfile.mkdtemp()) / "soak.tar.gz")
         before: list[Outcome] = []  # the capacity run and the first writes
         capacity = await driver.closed(8, min(10.0, seconds / 4), before)
-        rest_before, settled_before = {}, True
+        rest_before: dict[str, Any] = {}
+        settled_before = True
         if server is not None:
             for step in ("train", "upload", "delete"):
                 await registry_write(driver, step, archive, before)
@@ -281,7 +283,8 @@ async def run(
         warmup_s = max(interval, seconds / 5)
         grown = growth(samples, warmup_s)
         worst = max((v for g in grown.values() for v in g.values()), default=0.0)
-        rest_after, settled_after = {}, True
+        rest_after: dict[str, Any] = {}
+        settled_after = True
         if server is not None:
             rest_after, settled_after = await at_rest(server)
         sockets_grown = socket_growth(rest_before, rest_after)

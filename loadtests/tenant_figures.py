@@ -146,8 +146,9 @@ def main(argv: list[str] | None = None) -> int:
         )
         return 2
     fmt = {name: demo.tenant(int(name.split("-")[1])).fmt for name in names}
-    total = sum(size_of(tenants.current(n)[1]) for n in names)
-    resident = sum(size_of(tenants.current(n)[1]) * RESIDENT_PER_FILE_BYTE[fmt[n]] for n in names)
+    dirs = {n: found[1] for n in names if (found := tenants.current(n)) is not None}
+    total = sum(size_of(dirs[n]) for n in names)
+    resident = sum(size_of(dirs[n]) * RESIDENT_PER_FILE_BYTE[fmt[n]] for n in names)
     budget_mb = resident * args.budget_fraction / (1 << 20)
     spm = sentencepiece.SentencePieceProcessor(
         model_file=str(store.path_of(contracts.SENTENCEPIECE) / "spiece.model")

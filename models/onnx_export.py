@@ -1,8 +1,9 @@
-"""ONNX exports of MiniLM: fp32, ORT-optimised, and int8 (smoothed, then quantised) with an accuracy gate.
+"""ONNX exports of a catalogue model: fp32, and int8 (smoothed, then quantised) behind its gate.
 
-All three share the contract in ``serving.contracts.SENTENCE_EMBEDDING``: int64 ``input_ids``,
-``attention_mask``, ``token_type_ids`` with dynamic batch and sequence axes, and
-``sentence_embedding`` [batch, 384], mean-pooled and L2-normalised inside the graph.
+Both take the model's inputs (``ModelSpec.input_names``: int64 ``input_ids``, ``attention_mask``,
+and ``token_type_ids`` for a model that has them) with dynamic batch and sequence axes, and give
+its output (``sentence_embedding``, pooled and normalised inside the graph as the entry asks, or a
+head's ``logits``): the contract a runner checks at load.
 """
 
 from __future__ import annotations
@@ -13,13 +14,10 @@ from typing import Any
 
 import numpy as np
 
-from serving.contracts import SENTENCE_EMBEDDING
+from serving.catalogue import ModelSpec
 from serving.features import Feeds
 
 OPSET = 17
-DYNAMIC_AXES = {spec.name: {0: "batch", 1: "sequence"} for spec in SENTENCE_EMBEDDING.inputs} | {
-    "sentence_embedding": {0: "batch"}
-}
 # Per-channel weights and a reduced range (7-bit weights): per-tensor u8s8 saturated on AVX2 and
 # lost accuracy; with a reduced range AVX2's u8s8 products cannot saturate (VNNI's never do), so a
 # host without VNNI does not lose accuracy that a build host with it never saw.
@@ -30,9 +28,10 @@ QUANTISATION: dict[str, Any] = {
     "op_types_to_quantize": ["MatMul"],
 }
 # SmoothQuant before quantising (models/smoothing.py). The feed-forward down-projections read GELU's
-# outputs, whose outlier channels need more of the difficulty moved into the weights; the first
-# layer's is kept in fp32. Chosen on the gate's sentences and checked on the load-test corpus
-# (docs/decisions/0016-int8-smoothing.md). Calibration: prose of the corpus's 'train' partition.
+# outputs, whose outlier channels need more of the difficulty moved into the weights; BERT's first
+# layer's is kept in fp32. Chosen on MiniLM's gate sentences and checked on the load-test corpus
+# (docs/decisions/0016-int8-smoothing.md); in other architectures the names do not match, and every
+# MatMul is smoothed alike.
 FFN_DOWN = r"layer\.\d+/output/dense/MatMul$"
 SMOOTHING: dict[str, Any] = {
     "alpha": 0.5,
@@ -42,36 +41,26 @@ SMOOTHING: dict[str, Any] = {
 FP32_NODES = r"layer\.0/output/dense/MatMul$"
 
 
-def export_fp32(source_dir: Path, out_path: Path) -> None:
+def export_fp32(source_dir: Path, spec: ModelSpec, out_path: Path) -> None:
     import torch
 
-    from models import torch_reference
+    from models import reference
 
-    model = torch_reference.load(source_dir)
-    dummy = tuple(torch.ones((2, 8), dtype=torch.int64) for _ in SENTENCE_EMBEDDING.inputs)
+    model = reference.load(source_dir, spec)
+    dummy = tuple(torch.ones((2, 8), dtype=torch.int64) for _ in spec.input_names)
+    axes = {name: {0: "batch", 1: "sequence"} for name in spec.input_names}
     # The TorchScript exporter writes one self-contained file; dynamo=True needs onnxscript and
     # writes external data.
     torch.onnx.export(
         model,
         dummy,
         str(out_path),
-        input_names=SENTENCE_EMBEDDING.input_names,
-        output_names=SENTENCE_EMBEDDING.output_names,
-        dynamic_axes=DYNAMIC_AXES,
+        input_names=spec.input_names,
+        output_names=[spec.output_name],
+        dynamic_axes={**axes, spec.output_name: {0: "batch"}},
         opset_version=OPSET,
         dynamo=False,
     )
-
-
-def optimise(fp32_path: Path, out_path: Path, num_heads: int, hidden_size: int) -> dict:
-    """ORT's transformer optimiser: fuses attention, LayerNorm, GELU and bias adds."""
-    from onnxruntime.transformers.optimizer import optimize_model
-
-    optimised = optimize_model(
-        str(fp32_path), model_type="bert", num_heads=num_heads, hidden_size=hidden_size, opt_level=1
-    )
-    optimised.save_model_to_file(str(out_path))
-    return {k: int(v) for k, v in optimised.get_fused_operator_statistics().items() if v}
 
 
 def quantise(source_path: Path, out_path: Path, calibration: list[Feeds]) -> dict[str, Any]:
@@ -95,7 +84,7 @@ def quantise(source_path: Path, out_path: Path, calibration: list[Feeds]) -> dic
     return {"kept_fp32": kept, "smoothed_matmuls": len(smoothed.matmuls)}
 
 
-def session(path: Path, threads: int = 2):
+def session(path: Path, threads: int = 2) -> Any:
     import onnxruntime as ort
 
     options = ort.SessionOptions()
@@ -104,5 +93,13 @@ def session(path: Path, threads: int = 2):
     return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
 
 
-def embed(sess, feeds: dict[str, np.ndarray]) -> np.ndarray:
-    return sess.run(["sentence_embedding"], feeds)[0]
+def runner(path: Path, spec: ModelSpec, threads: int = 2) -> Any:
+    """The model at ``path`` as a function of feeds (what the checks call)."""
+    sess = session(path, threads)
+
+    def run(feeds: Feeds) -> np.ndarray:
+        inputs = {name: feeds[name] for name in spec.input_names}
+        out: np.ndarray = sess.run([spec.output_name], inputs)[0]
+        return out
+
+    return run

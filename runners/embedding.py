@@ -1,4 +1,8 @@
-"""What both embedding runners (ONNX, TF) do around their engines: batchers, warm-up, the API body."""
+"""What the engine runners (ONNX, TF) do around their engines, for every model they serve: one batcher
+per model and backend on the instance's shared lanes, the warm-up, the API body.
+
+A model is keyed by its catalogue name and backend; its metrics are labelled ``name/backend``.
+"""
 
 from __future__ import annotations
 
@@ -8,13 +12,22 @@ from typing import Any
 
 from serving.batching import Batcher, Engine, Lanes, Policy
 from serving.batching.metrics import Recorder
+from serving.catalogue import ModelSpec
+from serving.errors import ApiError
 from serving.features import pad
-from serving.protocol import EmbedResult, timing_headers
+from serving.protocol import EmbedResult, check_ids, timing_headers
+
+Key = tuple[str, str]  # (model name, backend)
 
 
-def calibrate(engine: Engine, rows: int = 16, length: int = 32) -> float:
+def label(key: Key) -> str:
+    return "/".join(key)
+
+
+def calibrate(engine: Engine, spec: ModelSpec, rows: int = 16, length: int = 32) -> float:
     """Warm the engine up and measure its speed (tokens/s), the admission estimate's first value."""
-    feeds = pad([[101] + [1000] * (length - 2) + [102]] * rows)
+    token = min(1000, spec.vocab_size - 1)
+    feeds = pad([[token] * min(length, spec.max_length)] * rows, spec.pad_id, spec.token_types)
     engine(feeds)  # first call: allocations, kernel selection
     started = time.perf_counter()
     for _ in range(2):
@@ -24,35 +37,59 @@ def calibrate(engine: Engine, rows: int = 16, length: int = 32) -> float:
 
 def batchers(
     runner: str,
-    engines: Mapping[str, Engine],
+    engines: Mapping[Key, Engine],
+    specs: Mapping[Key, ModelSpec],
     policy: Policy,
     lanes: int = 1,
-    solos: Mapping[str, Engine] | None = None,
-) -> dict[str, Batcher]:
-    """One batcher per model, all sharing the instance's ``lanes``: calls of every model together
-    never run on more lanes than the instance has cores for. ``solos``: each model's engine for a
-    call that runs alone (serving/batching/batcher.py)."""
+    solos: Mapping[Key, Engine] | None = None,
+) -> dict[Key, Batcher]:
+    """One batcher per model and backend, each with its own queue, all sharing the instance's
+    ``lanes``: calls of every model together never run on more lanes than the instance has cores
+    for, and a lane that frees goes to the batcher that has waited longest for one (a model
+    saturated with bulk requests takes a lane in turn, not every lane). ``solos``: each model's
+    engine for a call that runs alone (serving/batching/batcher.py)."""
     shared = Lanes(lanes, f"{runner}-engine")
     solos = solos or {}
     made = {}
-    for name, engine in engines.items():
-        if name in solos:
-            calibrate(engine)  # warm the lanes' session up too
-        made[name] = Batcher(
+    for key, engine in engines.items():
+        spec = specs[key]
+        if key in solos:
+            calibrate(engine, spec)  # warm the lanes' session up too
+        made[key] = Batcher(
             engine,
             policy,
             lanes=shared,
-            solo=solos.get(name),
-            recorder=Recorder(runner, name),
+            solo=solos.get(key),
+            recorder=Recorder(runner, label(key)),
+            pad_id=spec.pad_id,
+            token_types=spec.token_types,
             # The instance's speed: a solo engine has every core, as a loaded instance has.
-            tokens_per_s=calibrate(solos.get(name, engine)),
+            tokens_per_s=calibrate(solos.get(key, engine), spec),
         )
     return made
 
 
+def pick(batchers: Mapping[Key, Batcher], model: str, backend: str) -> Batcher:
+    """The batcher of ``model`` on ``backend``, or a 404 naming what this runner serves."""
+    found = batchers.get((model, backend))
+    if found is None:
+        served = sorted({f"{name} ({b})" for name, b in batchers})
+        raise ApiError(
+            f"model {model!r} on {backend} is not served by this runner (it serves: "
+            f"{', '.join(served)})",
+            404,
+        )
+    return found
+
+
 async def embed(
-    batcher: Batcher, ids: list[list[int]], ctx: Any, deadline_s: float | None = None
+    batcher: Batcher,
+    spec: ModelSpec,
+    ids: list[list[int]],
+    ctx: Any,
+    deadline_s: float | None = None,
 ) -> EmbedResult:
+    check_ids(ids, spec)
     rows, timing = await batcher.submit(ids, deadline_s)
     queue_ms, inference_ms = timing.queue_s * 1000, timing.inference_s * 1000
     ctx.response.headers.update(timing_headers(queue_ms, inference_ms))

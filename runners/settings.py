@@ -7,7 +7,10 @@ so ``BUNDLE_ONNX_WORKERS=2`` overrides one runner and nothing else.
 
 from __future__ import annotations
 
-from pydantic import Field, model_validator
+from typing import Annotated
+
+from pydantic import Field, field_validator, model_validator
+from pydantic_settings import NoDecode
 
 from serving.batching import Policy
 from serving.settings import ServiceSettings, available_cores
@@ -25,7 +28,8 @@ class RunnerSettings(ServiceSettings):
     max_batch_tokens: int = Field(
         1024,
         ge=1,
-        description="Padded tokens (rows x longest row) per engine call; ORT peaks at 256-1024 on CPU.",
+        description="Padded tokens (rows x longest row) per engine call: past a size a larger call "
+        "gains no throughput, and delays every request behind it (docs/decisions/0014).",
     )
     max_batch_rows: int = Field(64, ge=1, description="Sequences per engine call.")
     round_tokens: int = Field(
@@ -39,9 +43,9 @@ class RunnerSettings(ServiceSettings):
         32,
         ge=1,
         description="The weight of one engine call in padded tokens, against the padding it saves: "
-        "higher values give fewer, larger calls. One for every model of the runner. 32 is an early "
-        "host's engine on 2 threads (1.7 ms a call x 19k tokens/s); the ONNX runner's default is "
-        "tuned on its one-thread lanes (serving/batching/grouping.py).",
+        "higher values give fewer, larger calls. One for every model of the runner. The default "
+        "suits an engine on several threads; the ONNX runner's is tuned on its one-thread lanes "
+        "(docs/decisions/0001-call-weight.md).",
     )
     timeout_s: float = Field(
         30.0, gt=0, description="BentoML traffic timeout for one request to this runner."
@@ -87,11 +91,30 @@ class RunnerSettings(ServiceSettings):
             "tracing": self.tracing(hot_routes),
             "traffic": {"timeout": self.timeout_s},
             # BentoML's caller recycles its connection pool to a dependency after 100 requests or
-            # 300 s (read from the *callee's* config), killing calls in flight: a 32-user run lost
-            # 23 % of requests to it. Never recycle; dead connections are retried by the caller.
+            # 300 s (read from the *callee's* config), killing calls in flight: under sustained
+            # load a share of requests failed (docs/decisions/0012-runner-hop.md). Never recycle;
+            # dead connections are retried by the caller.
             "runner_connection": {"max_requests": 2**62, "max_age": 1e12},
             # Runners sit behind the tokenizer service, whose access log (off by default, a
             # setting) is where public requests are logged; a line per internal call would cost
             # CPU on every hop for a log nobody reads.
             "logging": {"access": {"enabled": False}},
         }
+
+
+class ModelRunnerSettings(RunnerSettings):
+    """A runner of the catalogue's models (ONNX Runtime, TensorFlow)."""
+
+    models: Annotated[list[str] | None, NoDecode] = Field(
+        None,
+        description="The catalogue's models this runner serves, comma-separated (one container per "
+        "model: the same image, a model each). Default: every model of the catalogue built for "
+        "this runner's backends.",
+    )
+
+    @field_validator("models", mode="before")
+    @classmethod
+    def _split(cls, value: object) -> object:
+        if isinstance(value, str):
+            return [name.strip() for name in value.split(",") if name.strip()] or None
+        return value

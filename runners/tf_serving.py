@@ -6,21 +6,25 @@
 - ``GET /v1/models/{name}[/versions/{n}|/labels/{label}]``: version status.
 - ``GET /v1/models/{name}[...]/metadata``: the signature def, from the model's contract.
 
-Errors are ``{"error": "..."}`` with TF Serving's messages and status codes (a shed request's 429 or
-503 adds ``"retry_after"`` and a ``Retry-After`` header). Each model has one version, 1, labelled
-``stable`` (TF Serving has no labels unless configured; these are ours). Padding is stripped using
-the mask, and the sequences go through the same batcher as ``/embed`` (re-padded per batch, batched
-with every other caller). Departures from TF Serving, each to refuse less or say more:
-``attention_mask`` and ``token_type_ids`` may be left out (the model needs only the ids; MiniLM's
-sentence embedding takes one segment, so token types must be 0), instances may differ in length,
-and an unknown input name is refused in both forms.
+Each catalogue model the runner serves is a servable under its own name (its int8 backend under
+the name and ``-int8``), and ``model``, the name TF Serving's own image serves by default, is the
+runner's first model, so TF Serving's clients work unchanged. Errors are ``{"error": "..."}`` with
+TF Serving's messages and status codes (a shed request's 429 or 503 adds ``"retry_after"`` and a
+``Retry-After`` header). Each model has one version, 1, labelled ``stable`` (TF Serving has no
+labels unless configured; these are ours). Padding is stripped using the mask, and the sequences go
+through the same batcher as ``/embed`` (re-padded per batch, batched with every other caller).
+Departures from TF Serving, each to refuse less or say more: ``attention_mask`` and
+``token_type_ids`` may be left out (the model needs only the ids; one segment is served here, so
+token types must be 0, and only a model that takes them accepts them), instances may differ in
+length, and an unknown input name is refused in both forms.
 """
 
 from __future__ import annotations
 
 import json
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Annotated, Any
 
 import bentoml
@@ -31,11 +35,12 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from serving.batching import Batcher
-from serving.contracts import MAX_SEQ_LEN, MINILM_VOCAB, Contract
+from serving.catalogue import Entry, ModelSpec
+from serving.contracts import Contract
 from serving.error_bodies import ConformingErrors
-from serving.errors import Overloaded
+from serving.errors import ApiError, Overloaded
 from serving.openapi_docs import OpenApiDocs
-from serving.protocol import MAX_SEQUENCES, TokenIds
+from serving.protocol import MAX_SEQUENCES, MAX_TOKENS, TokenIds, check_ids
 from serving.replies import reply
 
 MOUNT = "/v1"  # where the runners mount this app (@bentoml.asgi_app(..., path=MOUNT))
@@ -46,15 +51,12 @@ PREDICT_ROUTES = [
     f"{MOUNT}/models/{{name}}/labels/{{label}}:predict",
 ]
 SIGNATURE = "serving_default"
-# "[CLS] how do i reset my password? [SEP]" and "[CLS] where is my order? [SEP]", padded to one
-# length as TF Serving clients send them: what the Swagger UI's "Try it out" sends.
+# Two sequences padded to one length, as TF Serving clients send them: what the Swagger UI's "Try
+# it out" sends (ids every vocabulary has; /tokenize gives a text's).
 EXAMPLE = {
     "inputs": {
-        "input_ids": [
-            [101, 2129, 2079, 1045, 25141, 2026, 20786, 1029, 102],
-            [101, 2073, 2003, 2026, 2344, 1029, 102, 0, 0],
-        ],
-        "attention_mask": [[1, 1, 1, 1, 1, 1, 1, 1, 1], [1, 1, 1, 1, 1, 1, 1, 0, 0]],
+        "input_ids": [[2, 10, 11, 12, 3], [2, 13, 3, 0, 0]],
+        "attention_mask": [[1, 1, 1, 1, 1], [1, 1, 1, 0, 0]],
     }
 }
 VERSION = 1
@@ -67,7 +69,8 @@ _URL = re.compile(
     re.IGNORECASE,
 )
 _DTYPES = {"int64": "DT_INT64", "int32": "DT_INT32", "float32": "DT_FLOAT"}
-# The same limits as the runner's own API (vocabulary, sequence length, sequences per call).
+# The same limits as the runner's own API (sequence length, sequences per call); each model's own
+# (its vocabulary, its length) are checked once the model is known.
 _validate_ids = TypeAdapter(TokenIds).validate_python
 
 
@@ -81,7 +84,7 @@ def _not_a_bool(value: object) -> object:
 _Int = Annotated[int, BeforeValidator(_not_a_bool)]
 # The ids' shape: rows of integers; then the limits, on the sequences with padding stripped.
 _validate_rows = TypeAdapter(list[list[_Int]]).validate_python
-# A mask, or MiniLM's token types: rows of 0/1 (a mask's 1.0 is a 1, as TF Serving clients send it).
+# A mask, or token types: rows of 0/1 (a mask's 1.0 is a 1, as TF Serving clients send it).
 _validate_flags = TypeAdapter(list[list[Annotated[_Int, Field(ge=0, le=1)]]]).validate_python
 
 
@@ -113,8 +116,40 @@ def servable(request: Request, names: Callable[[], Any]) -> tuple[str, re.Match[
     return name, match
 
 
-def sequences(body: Any, contract: Contract) -> tuple[str, list[list[int]]]:
+@dataclass(frozen=True)
+class Servable:
+    """A model as TF Serving's routes serve it: its batcher and its spec."""
+
+    batcher: Batcher
+    spec: ModelSpec
+
+
+def servables(
+    batchers: Mapping[tuple[str, str], Batcher],
+    specs: Mapping[tuple[str, str], ModelSpec],
+    suffixes: Mapping[str, str],
+) -> dict[str, Servable]:
+    """Each model of a runner under its TF Serving name (its name, and the suffix of a backend
+    that has one: ``-int8``), and ``model`` (TF Serving's default name) for the first."""
+    named = {
+        name + suffixes.get(backend, ""): Servable(batcher, specs[(name, backend)])
+        for (name, backend), batcher in batchers.items()
+    }
+    if named:
+        named.setdefault("model", next(iter(named.values())))
+    return named
+
+
+def names_of(entries: list[Entry], backends: list[str], suffixes: Mapping[str, str]) -> list[str]:
+    """The TF Serving names of ``entries`` on ``backends`` (``servables``' keys, from the
+    catalogue alone: for the OpenAPI document, before any model is loaded)."""
+    names = [e.name + suffixes.get(b, "") for e in entries for b in e.backends if b in backends]
+    return [*names, "model"] if names else names
+
+
+def sequences(body: Any, spec: ModelSpec) -> tuple[str, list[list[int]]]:
     """The request's form ("instances" or "inputs") and its sequences with padding stripped."""
+    contract = spec.contract()
     if not isinstance(body, dict):
         raise Refused(400, "JSON Value: request body Is not object")
     signature = body.get("signature_name", SIGNATURE)
@@ -143,17 +178,20 @@ def sequences(body: Any, contract: Contract) -> tuple[str, list[list[int]]]:
             if [len(r) for r in flags[name]] != [len(r) for r in ids]:
                 raise Refused(400, f"{form}: {name} must have the same shape as input_ids")
     if any(any(row) for row in flags.get("token_type_ids", [])):
-        raise Refused(
-            400, f"{form}: token_type_ids must be 0: the sentence embedding takes one segment"
-        )
+        raise Refused(400, f"{form}: token_type_ids must be 0: one segment is served here")
     if "attention_mask" in flags:
         mask = flags["attention_mask"]
         ids = [
             [t for t, m in zip(r, keep, strict=True) if m]
             for r, keep in zip(ids, mask, strict=True)
         ]
-    # The runner's own limits: vocabulary, sequence length, sequences per call.
-    return form, _checked(_validate_ids, ids, form, "input_ids")
+    # The runner's own limits (sequence length, sequences per call), then the model's.
+    ids = _checked(_validate_ids, ids, form, "input_ids")
+    try:
+        check_ids(ids, spec, field=f"{form}: input_ids")
+    except ApiError as exc:
+        raise Refused(400, exc.message) from None
+    return form, ids
 
 
 def _checked(validate: Callable[[Any], Any], value: Any, form: str, name: str) -> Any:
@@ -234,8 +272,9 @@ def metadata(name: str, contract: Contract) -> dict[str, Any]:
     }
 
 
-def tf_serving_app(servables: Callable[[], dict[str, Batcher]], contract: Contract) -> Starlette:
-    """``servables`` maps a model name to its batcher, read from the running service instance."""
+def tf_serving_app(servables: Callable[[], dict[str, Servable]]) -> Starlette:
+    """``servables`` maps a model name to its batcher and spec, read from the running service
+    instance."""
 
     async def predict(request: Request) -> Response:
         try:
@@ -245,8 +284,9 @@ def tf_serving_app(servables: Callable[[], dict[str, Batcher]], contract: Contra
                 body = json.loads(raw)
             except (ValueError, RecursionError) as exc:  # (nested deeper than Python parses)
                 raise Refused(400, f"JSON Parse error: {str(exc)[:200]}") from None
-            form, ids = sequences(body, contract)
-            rows, _ = await servables()[name].submit(ids)
+            served = servables()[name]
+            form, ids = sequences(body, served.spec)
+            rows, _ = await served.batcher.submit(ids)
         except Refused as exc:
             return exc.response()
         except Overloaded as exc:
@@ -269,6 +309,7 @@ def tf_serving_app(servables: Callable[[], dict[str, Batcher]], contract: Contra
             if exc.status == 404 and wanted is not None and not wanted["metadata"]:
                 exc = Refused(404, _status_not_found(wanted))  # the status route's own wording
             return exc.response()
+        contract = servables()[name].spec.contract()
         return JSONResponse(metadata(name, contract) if match["metadata"] else status())
 
     # One route for all of /v1 (BentoML's own 404 for what no route matched is plain text).
@@ -283,30 +324,34 @@ def _status_not_found(match: re.Match[str]) -> str:
     return f"Could not find any versions of model {match['name']}"
 
 
-def install(service: Any, names: list[str], contract: Contract) -> None:
-    """Mount this API on a runner service (``names``: the models it serves, each a batcher in the
-    instance's ``servables``), document it in the runner's OpenAPI document (BentoML documents
-    its own APIs only), and give the runner's 4xx bodies the one error format."""
+def install(
+    service: Any, entries: list[Entry], backends: list[str], suffixes: Mapping[str, str]
+) -> None:
+    """Mount this API on a runner service (``entries``: the catalogue models it serves on
+    ``backends``, each a servable in the instance's ``servables``), document it in the runner's
+    OpenAPI document (BentoML documents its own APIs only), and give the runner's 4xx bodies the
+    one error format."""
+    names = names_of(entries, backends, suffixes)
 
     def refine(spec: dict[str, Any]) -> dict[str, Any]:
         paths = spec.setdefault("paths", {})
         embed = paths.get("/embed", {}).get("post", {}).get("requestBody", {}).get("content", {})
         for media in embed.values():  # the runner's own API: token ids, as the tokenizer sends
             media["example"] = {"ids": EXAMPLE["inputs"]["input_ids"][:1]}
-        paths.update(openapi_paths(names, contract))
+        paths.update(openapi_paths(names))
         return spec
 
-    service.mount_asgi_app(tf_serving_app(current_servables, contract), path=MOUNT)
+    service.mount_asgi_app(tf_serving_app(current_servables), path=MOUNT)
     service.add_asgi_middleware(ConformingErrors)
     service.add_asgi_middleware(OpenApiDocs, refine=refine)
 
 
-def openapi_paths(names: list[str], contract: Contract) -> dict[str, Any]:
+def openapi_paths(names: list[str]) -> dict[str, Any]:
     ids = {
         "type": "array",
-        "items": {"type": "integer", "minimum": 0, "maximum": MINILM_VOCAB - 1},
+        "items": {"type": "integer", "minimum": 0},
         "minItems": 1,
-        "maxItems": MAX_SEQ_LEN,
+        "maxItems": MAX_TOKENS,
     }
     flags = {"type": "array", "items": {"type": "integer", "enum": [0, 1]}}
     types = {"type": "array", "items": {"type": "integer", "enum": [0]}}
@@ -399,6 +444,6 @@ def _answer(description: str, schema: dict[str, Any]) -> dict[str, Any]:
     return {"description": description, "content": {"application/json": {"schema": schema}}}
 
 
-def current_servables() -> dict[str, Batcher]:
+def current_servables() -> dict[str, Servable]:
     service = bentoml.get_current_service()
     return service.servables if service is not None else {}

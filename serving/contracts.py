@@ -1,29 +1,20 @@
-"""Names in the model store and the input/output contract of each model, written once.
+"""The input/output contract of a model, checked when a runner loads it.
 
 Runners check a loaded model against its contract at start-up (the idea of Triton's
 ``config.pbtxt``): a model whose signature differs fails loudly at start, not on the first request.
+A catalogue model's contract comes from its spec (``serving.catalogue.ModelSpec.contract``); a
+tenant's whole-model classifier has ``TENANT_CLASSIFIER``.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-# Model store names. Services reference ``NAME:latest``; the builder keeps one version per name.
-TOKENIZER = "minilm-tokenizer"
-ONNX_FP32 = "minilm-onnx"
-ONNX_OPTIMISED = "minilm-onnx-opt"
-ONNX_INT8 = "minilm-onnx-int8"
-TF_SAVEDMODEL = "minilm-tf"
+# The project's SentencePiece model, which tenants' whole models read (model store name), and its
+# vocabulary: tenant ids are validated against it on the wire (serving/protocol.py), and the build
+# pipeline checks the model it trains against it (what the project's corpus supports).
 SENTENCEPIECE = "spm-unigram"
-
-EMBEDDING_DIM = 384
-# Vocabulary sizes: token ids are validated against them on the wire (serving/protocol.py), and the
-# build pipeline checks the tokenizers it builds against them.
-MINILM_VOCAB = 30522  # MiniLM's WordPiece vocabulary (vocab.txt)
-SPM_VOCAB = 2000  # the project's SentencePiece model (what its corpus supports)
-# all-MiniLM-L6-v2 was trained on sequences of up to 256 word pieces (sentence_bert_config.json);
-# its tokenizer.json says 128, which would silently cut longer texts. 256 is the model's limit.
-MAX_SEQ_LEN = 256
+SPM_VOCAB = 2000
 
 
 @dataclass(frozen=True)
@@ -45,16 +36,6 @@ class Contract:
     @property
     def output_names(self) -> list[str]:
         return [spec.name for spec in self.outputs]
-
-
-SENTENCE_EMBEDDING = Contract(
-    inputs=(
-        TensorSpec("input_ids", "int64", (None, None)),
-        TensorSpec("attention_mask", "int64", (None, None)),
-        TensorSpec("token_type_ids", "int64", (None, None)),
-    ),
-    outputs=(TensorSpec("sentence_embedding", "float32", (None, EMBEDDING_DIM)),),
-)
 
 
 class ContractError(RuntimeError):

@@ -9,9 +9,11 @@ body it hands to the service's own ``refine`` function.
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Callable
 from typing import Any
 
+logger = logging.getLogger("bento_bundle.openapi")
 DOCS_PATH = "/docs.json"
 Refine = Callable[[dict[str, Any]], dict[str, Any]]
 
@@ -40,7 +42,10 @@ class OpenApiDocs:
         await self.app(scope, receive, hold)
         body = b"".join(chunks)
         if start.get("status") == 200:
-            body = json.dumps(self.refine(json.loads(body))).encode()
+            try:
+                body = json.dumps(self.refine(json.loads(body))).encode()
+            except Exception:  # the document as BentoML made it, rather than no answer at all
+                logger.exception("refining %s failed; serving it unrefined", DOCS_PATH)
         headers = [(k, v) for k, v in start.get("headers", []) if k.lower() != b"content-length"]
         headers.append((b"content-length", str(len(body)).encode()))
         await send({**start, "headers": headers})

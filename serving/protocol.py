@@ -10,22 +10,31 @@ import numpy as np
 from bentoml.validators import DType
 from pydantic import BaseModel, Field
 
-from serving.contracts import EMBEDDING_DIM, MAX_SEQ_LEN, MINILM_VOCAB, SPM_VOCAB
+from serving.catalogue import ModelSpec
+from serving.contracts import SPM_VOCAB
+from serving.errors import ApiError
 
 MAX_SEQUENCES = 4096  # per runner call
 MAX_EXAMPLES = (
     10_000  # texts per tenant-runner call: a training set at most (a classify: far fewer)
 )
+# Tokens a sequence may have on the wire, whatever the model: the catalogue's bound on max_length.
+# Each model's own limits (its vocabulary, its max_length) are checked where the model is known
+# (``check_ids``).
+MAX_TOKENS = 8192
+# A sentence vector's width, at most (a head tenant's vectors come from its encoder).
+MAX_WIDTH = 8192
 
 # Strict ints: pydantic's lax int takes true as 1 (and 5.0, "5"); an id is an integer, a JSON one
 # over HTTP, a Python int over the tokenizer's pickled hop (tokenizers' and SentencePiece's ids are
 # Python ints; a NumPy integer would be refused). The check is pydantic-core's, in Rust, as the
 # lax one was.
 Sequence_ = Annotated[
-    list[Annotated[int, Field(strict=True, ge=0, lt=MINILM_VOCAB)]],
-    Field(min_length=1, max_length=MAX_SEQ_LEN),
+    list[Annotated[int, Field(strict=True, ge=0)]],
+    Field(min_length=1, max_length=MAX_TOKENS),
 ]
 TokenIds = Annotated[list[Sequence_], Field(min_length=1, max_length=MAX_SEQUENCES)]
+ModelName = Annotated[str, Field(min_length=1, max_length=63)]
 # SentencePiece ids, as tenant models take them.
 SpmIds = Annotated[
     list[
@@ -37,11 +46,11 @@ SpmIds = Annotated[
     Field(min_length=1, max_length=MAX_EXAMPLES),
 ]
 Variant = Literal["fp32", "int8"]
-# head: a softmax layer over the shared MiniLM embedding; onnx, tf: a whole model per tenant.
+# head: a softmax layer over a served encoder's sentence vectors; onnx, tf: a whole model per tenant.
 TenantFormat = Literal["head", "onnx", "tf"]
-# MiniLM sentence embeddings, as head tenants take them (one row per text).
+# Sentence vectors, as head tenants take them (one row per text, from the head's encoder).
 Vectors = Annotated[
-    list[Annotated[list[float], Field(min_length=EMBEDDING_DIM, max_length=EMBEDDING_DIM)]],
+    list[Annotated[list[float], Field(min_length=1, max_length=MAX_WIDTH)]],
     Field(min_length=1, max_length=MAX_EXAMPLES),
 ]
 # What is left of the caller's own deadline; the runner refuses (503) work it cannot finish in time.
@@ -67,7 +76,7 @@ class Classified(BaseModel):
         description="hit: the model was in memory; miss: this request waited for it to load."
     )
     format: TenantFormat = Field(
-        "onnx", description="head: a layer over the shared sentence encoder; onnx, tf: own model."
+        "onnx", description="head: a layer over a served sentence encoder; onnx, tf: own model."
     )
 
 
@@ -91,6 +100,9 @@ class TenantInfo(BaseModel):
     source: str = Field(description="How the version arrived: train, upload or demo.")
     created: str
     metrics: dict[str, float]
+    encoder: str | None = Field(
+        None, description="head: the catalogue model whose sentence vectors it reads."
+    )
     bytes: int = Field(description="Size of the version's files.")
     versions: list[str] = Field(description="Versions kept on disk, the current one included.")
 
@@ -98,6 +110,24 @@ class TenantInfo(BaseModel):
 class Deleted(BaseModel):
     tenant: str
     deleted: bool
+
+
+def check_ids(ids: list[list[int]], spec: ModelSpec, field: str = "ids") -> None:
+    """Token ids that ``spec``'s model can read (its vocabulary, its length), or a 400 naming the
+    model and the first id or row that it cannot."""
+    longest = max(map(len, ids))
+    if longest > spec.max_length:
+        row = next(i for i, seq in enumerate(ids) if len(seq) == longest)
+        raise ApiError(
+            f"{field}[{row}]: {longest} tokens; {spec.name} reads at most {spec.max_length}", 400
+        )
+    top = max(map(max, ids))
+    if top >= spec.vocab_size:
+        row = next(i for i, seq in enumerate(ids) if max(seq) == top)
+        raise ApiError(
+            f"{field}[{row}]: id {top} is not in {spec.name}'s vocabulary of {spec.vocab_size}",
+            400,
+        )
 
 
 def timing_headers(queue_ms: float, inference_ms: float) -> dict[str, str]:

@@ -100,14 +100,14 @@ def build_demo(
     if fmt == "head":
         # In this process: every distinct example text embedded once (a few thousand for any
         # count), then milliseconds of training per tenant.
-        from models.minilm import Embedder
+        from models.encoder import Embedder
 
         embed = Embedder()
         for done, index in enumerate(todo, 1):
             spec = demo_tenants.tenant(index)
             registry.train_head(
                 store, spec.name, embed([t for t, _ in spec.train]), [i for _, i in spec.train],
-                source="demo", extra_metrics={"demo_seed": float(index)},
+                encoder=embed.name, source="demo", extra_metrics={"demo_seed": float(index)},
             )  # fmt: skip
             _progress(log, started, done, len(todo))
         return
@@ -134,6 +134,9 @@ def main(argv: list[str] | None = None) -> int:
     train.add_argument("tenant")
     train.add_argument("--examples", type=Path, required=True)
     train.add_argument("--format", choices=["head", "onnx", "tf"], default="head")
+    train.add_argument(
+        "--encoder", help="head: the catalogue model whose vectors it reads (default: the first)"
+    )
     for name in ("upload", "export"):
         p = sub.add_parser(name)
         p.add_argument("tenant")
@@ -166,14 +169,14 @@ def main(argv: list[str] | None = None) -> int:
         elif args.command == "train":
             examples = json.loads(args.examples.read_text())
             if args.format == "head":
-                from models.minilm import Embedder
+                from models.encoder import Embedder
 
                 texts, intents = [e["text"] for e in examples], [e["intent"] for e in examples]
-                print(
-                    registry.train_head(
-                        store, args.tenant, Embedder()(texts), intents
-                    ).model_dump_json()
+                embed = Embedder(args.encoder)
+                published = registry.train_head(
+                    store, args.tenant, embed(texts), intents, encoder=embed.name
                 )
+                print(published.model_dump_json())
                 return 0
             published = registry.train(
                 store, args.tenant, _encode()([e["text"] for e in examples]), [e["intent"] for e in examples],

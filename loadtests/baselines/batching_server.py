@@ -24,8 +24,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from models import minilm
-from serving import contracts
+from models import encoder
 from serving.features import pad, tokenize
 
 MAX_ROWS = 256  # sentences taken per round
@@ -38,21 +37,21 @@ BATCH_TOKENS = 512
 # event loop, which tokenizes and answers the next requests while the engine runs. (The FastAPI
 # baseline keeps the default: its loop waits for each engine call.) `make bench` records what
 # this server serves with this and the cut above.
-tokenizer, engine = minilm.load(spinning=False)
+tokenizer, engine, spec = encoder.load(spinning=False)
 executor = ThreadPoolExecutor(1)
 queue: asyncio.Queue[tuple[list[list[int]], asyncio.Future]] = asyncio.Queue()
 
 
 def run_sorted(sequences: list[list[int]]) -> np.ndarray:
     order = sorted(range(len(sequences)), key=lambda i: len(sequences[i]))
-    out = np.empty((len(sequences), contracts.EMBEDDING_DIM), dtype=np.float32)
+    out = np.empty((len(sequences), spec.dim), dtype=np.float32)
     rows: list[int] = []
     for i in order:  # ascending length: the newest row is the widest
         if rows and (len(rows) + 1) * len(sequences[i]) > BATCH_TOKENS:
-            out[rows] = engine(pad([sequences[r] for r in rows]))
+            out[rows] = engine(pad([sequences[r] for r in rows], spec.pad_id, spec.token_types))
             rows = []
         rows.append(i)
-    out[rows] = engine(pad([sequences[r] for r in rows]))
+    out[rows] = engine(pad([sequences[r] for r in rows], spec.pad_id, spec.token_types))
     return out
 
 

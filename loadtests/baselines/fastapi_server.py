@@ -10,10 +10,10 @@ import threading
 from fastapi import FastAPI
 from pydantic import BaseModel
 
-from models import minilm
+from models import encoder
 from serving.features import pad, tokenize
 
-tokenizer, engine = minilm.load()
+tokenizer, engine, spec = encoder.load()
 lock = threading.Lock()  # one request at a time: the session owns both cores
 app = FastAPI()
 
@@ -29,7 +29,8 @@ def health() -> dict:
 
 @app.post("/embed")
 def embed(request: EmbedRequest) -> dict:
-    feeds = pad(tokenize(tokenizer, request.texts))  # padded to this request's longest text
+    # padded to this request's longest text
+    feeds = pad(tokenize(tokenizer, request.texts), spec.pad_id, spec.token_types)
     with lock:
         vectors = engine(feeds)
     return {"embeddings": vectors.tolist()}

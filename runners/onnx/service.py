@@ -1,62 +1,66 @@
-"""The ONNX Runtime runner: MiniLM fp32 and int8, each batched by the shared core."""
+"""The ONNX Runtime runner: every catalogue model built for ``onnx`` or ``onnx-int8`` (or those
+``BUNDLE_ONNX_MODELS`` names), each model and backend batched by the shared core on the
+instance's lanes."""
 
 from __future__ import annotations
+
+from typing import Any
 
 import bentoml
 
 from runners import embedding, tf_serving
 from runners.onnx.settings import OnnxRunnerSettings
-from serving import contracts
+from serving import catalogue
 from serving.errors import replies_on_error
-from serving.protocol import DeadlineSeconds, EmbedResult, TokenIds, Variant
+from serving.protocol import DeadlineSeconds, EmbedResult, ModelName, TokenIds, Variant
+from serving.served import chosen, declare, spec_of
 
 SETTINGS = OnnxRunnerSettings()
-# TF Serving names for the same models (POST /v1/models/{name}:predict) → variant. "model" is the
-# name TF Serving's own image serves by default (MODEL_NAME), so its clients work unchanged.
-SERVABLES = {"minilm": "fp32", "minilm-int8": "int8", "model": "fp32"}
+BACKENDS = {"fp32": "onnx", "int8": "onnx-int8"}  # the API's variant -> the catalogue's backend
+SUFFIXES = {"onnx-int8": "-int8"}  # a model's int8 backend, for TF Serving: NAME-int8
+SERVED = [
+    entry
+    for entry in chosen(catalogue.current(), SETTINGS.models, "BUNDLE_ONNX_MODELS")
+    if set(entry.backends) & set(BACKENDS.values())
+]
 
 
-@bentoml.service(
-    name="onnx_runner", **SETTINGS.service_config(["/embed", *tf_serving.PREDICT_ROUTES])
-)
+DEFAULT = SERVED[0].name if SERVED else ""  # a call that names no model
+
+
 class OnnxRunner:
-    fp32 = bentoml.models.BentoModel(SETTINGS.fp32_model)
-    int8 = bentoml.models.BentoModel(SETTINGS.int8_model)
-
     def __init__(self) -> None:
         from serving.engines.onnx import OnnxEngine
 
-        models = {"fp32": self.fp32, "int8": self.int8}
+        self.specs = {(d.entry.name, d.artefact): spec_of(d.ref(self)) for d in DECLARED}
 
-        def sessions(threads: int, spin_between_runs: bool = True) -> dict[str, OnnxEngine]:
+        def sessions(threads: int, spin_between_runs: bool = True) -> dict[Any, OnnxEngine]:
             return {
-                variant: OnnxEngine(
-                    ref.path_of("model.onnx"),
-                    contracts.SENTENCE_EMBEDDING,
+                (d.entry.name, d.artefact): OnnxEngine(
+                    d.ref(self).path_of("model.onnx"),
+                    self.specs[(d.entry.name, d.artefact)].contract(),
                     threads=threads,
                     providers=SETTINGS.providers,
-                    name=str(ref.tag),
+                    name=str(d.ref(self).tag),
                     spin_between_runs=spin_between_runs,
                 )
-                for variant, ref in models.items()
+                for d in DECLARED
             }
 
         lanes = SETTINGS.lane_count
         if lanes == 1:
             self.batchers = embedding.batchers(
-                "onnx_runner", sessions(SETTINGS.threads), SETTINGS.policy
+                "onnx_runner", sessions(SETTINGS.threads), self.specs, SETTINGS.policy
             )
         else:  # one-thread sessions on parallel lanes, and a solo session on every lane's core
             # A solo session runs when nothing else is waiting: its threads stop spinning when a
-            # run ends, leaving the cores to the hops that answer the request. Measured against
-            # spinning on (chat, the benchmark's points, 3 x 10 s interleaved): 16 users 240 vs
-            # 220 sentences/s; one client p50 6.7 vs 7.2 ms and the engine threads' CPU 8.9 vs
-            # 12.7 ms a request; 64 users alike (their calls run on the one-thread lanes).
+            # run ends, leaving the cores to the hops that answer the request
+            # (docs/decisions/0005-onnx-session-threads.md).
             solos = sessions(lanes, spin_between_runs=False)
             self.batchers = embedding.batchers(
-                "onnx_runner", sessions(1), SETTINGS.policy, lanes, solos=solos
+                "onnx_runner", sessions(1), self.specs, SETTINGS.policy, lanes, solos=solos
             )
-        self.servables = {name: self.batchers[v] for name, v in SERVABLES.items()}
+        self.servables = tf_serving.servables(self.batchers, self.specs, SUFFIXES)
 
     @bentoml.api
     @replies_on_error
@@ -64,13 +68,21 @@ class OnnxRunner:
         self,
         ids: TokenIds,
         ctx: bentoml.Context,
+        model: ModelName | None = None,
         variant: Variant = "fp32",
         deadline_s: DeadlineSeconds = None,
     ) -> EmbedResult:
-        """Sentence embeddings for token-id sequences (rows in order), batched with other callers.
-
+        """The model's output for token-id sequences (rows in order), batched with other callers:
+        a sentence embedding a row, or a head's logits. ``model``: a catalogue name (default: the
+        first this runner serves); ``variant``: fp32 (backend onnx) or int8 (onnx-int8);
         ``deadline_s``: what is left of the caller's deadline (default: this runner's own)."""
-        return await embedding.embed(self.batchers[variant], ids, ctx, deadline_s)
+        key = (model or DEFAULT, BACKENDS[variant])
+        batcher = embedding.pick(self.batchers, *key)
+        return await embedding.embed(batcher, self.specs[key], ids, ctx, deadline_s)
 
 
-tf_serving.install(OnnxRunner, list(SERVABLES), contracts.SENTENCE_EMBEDDING)
+DECLARED = declare(OnnxRunner, SERVED, list(BACKENDS.values()))
+OnnxRunner = bentoml.service(  # type: ignore[misc]
+    name="onnx_runner", **SETTINGS.service_config(["/embed", *tf_serving.PREDICT_ROUTES])
+)(OnnxRunner)
+tf_serving.install(OnnxRunner, SERVED, list(BACKENDS.values()), SUFFIXES)

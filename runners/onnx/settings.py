@@ -3,46 +3,36 @@ from __future__ import annotations
 from pydantic import Field, model_validator
 from pydantic_settings import SettingsConfigDict
 
-from runners.settings import RunnerSettings
-from serving import contracts
+from runners.settings import ModelRunnerSettings
 from serving.batching.grouping import CALL_OVERHEAD_TOKENS
 
 
-class OnnxRunnerSettings(RunnerSettings):
+class OnnxRunnerSettings(ModelRunnerSettings):
     """ONNX Runtime runner. Environment overrides: BUNDLE_ONNX_<FIELD>, e.g. BUNDLE_ONNX_WORKERS=2."""
 
     model_config = SettingsConfigDict(env_prefix="BUNDLE_ONNX_")
 
-    fp32_model: str = Field(
-        f"{contracts.ONNX_FP32}:latest",
-        description="Model store tag served as backend 'onnx'. The plain export: ORT's transformer "
-        "optimiser (minilm-onnx-opt) measured 0.88-0.92x its speed (each build records its own in "
-        "the model's metadata).",
-    )
-    int8_model: str = Field(
-        f"{contracts.ONNX_INT8}:latest",
-        description="Model store tag served as backend 'onnx-int8'.",
-    )
     lanes: int | None = Field(
         None,
         ge=1,
-        description="Engine calls run at once per instance, each on one core (one-thread sessions). "
-        "Default: the instance's cores (cores // workers). With more than one lane, a call that is "
-        "alone runs on a second session per model that uses every lane's core, so a lone request "
-        "is not slowed: that costs the memory of a second session of each model (its weights and "
-        "its arena again). 1: one session per model on intra_op_threads threads.",
+        description="Engine calls run at once per instance, each on one core (one-thread sessions), "
+        "shared by every model it serves. Default: the instance's cores (cores // workers). With "
+        "more than one lane, a call that is alone runs on a second session per model that uses "
+        "every lane's core, so a lone request is not slowed: that costs the memory of a second "
+        "session of each model (its weights and its arena again). 1: one session per model on "
+        "intra_op_threads threads.",
     )
     call_overhead_tokens: int = Field(
         CALL_OVERHEAD_TOKENS,
         ge=1,
         description="The weight of one engine call in padded tokens, against the padding it saves: "
-        "higher values give fewer, larger calls. One for both models; the default is tuned on "
-        "throughput with the default lanes (serving/batching/grouping.py).",
+        "higher values give fewer, larger calls. One for every model; the default is tuned on "
+        "throughput with the default lanes (docs/decisions/0001-call-weight.md).",
     )
     providers: list[str] = Field(
         ["CPUExecutionProvider"],
         description="ONNX Runtime execution providers, in order. CUDAExecutionProvider needs onnxruntime-gpu "
-        "and a GPU in the image; it is wired through but untested on these CPU-only machines.",
+        "and a GPU in the image; it is wired through but untested on CPU-only hosts.",
     )
 
     @model_validator(mode="after")

@@ -1,7 +1,8 @@
-"""Head tenants: a linear softmax layer (384 × labels) over the MiniLM sentence embedding the stack
-already serves. The encoder is shared (the ONNX runner embeds every tenant's texts in the same
-batches); what is per tenant is ~L × 1.5 KB of weights, so every head stays resident: no budget, no
-eviction, no cold load. Stored as a version like any other model: manifest.json + head.npz.
+"""Head tenants: a linear softmax layer (width × labels) over the sentence vectors of a catalogue
+model the stack already serves, the head's encoder, named in its manifest. The encoder is shared (a
+runner embeds every tenant's texts in the same batches); what is per tenant is a few KB of weights a
+label, so every head stays resident: no budget, no eviction, no cold load. Stored as a version like
+any other model: manifest.json + head.npz.
 """
 
 from __future__ import annotations
@@ -15,25 +16,34 @@ from pathlib import Path
 import numpy as np
 
 from runners.tenants.store import HEAD_FILE, InvalidModel, read_manifest
-from serving.contracts import EMBEDDING_DIM
+from serving.protocol import MAX_WIDTH
 
-# Full-batch gradient descent on the softmax cross-entropy, from zeros (deterministic). Measured on
-# 60 demo tenants (MiniLM fp32 vectors, /tmp spike of this code): 40 steps at rate 10 reach 0.957
-# mean accuracy on phrasings of templates never trained on, as 100 steps at rate 5 do, in ~5 ms per
-# tenant on one BLAS thread (12 ms for 100 steps); 15 steps fall to 0.954.
+# Full-batch gradient descent on the softmax cross-entropy, from zeros (deterministic): as accurate
+# on unseen phrasings as more, slower steps, in milliseconds a tenant
+# (docs/decisions/0011-head-tenants.md).
 STEPS = 40
 RATE = 10.0
 L2 = 1e-4
-# The largest head a manifest allows (1,000 labels), float32, with room for the .npy headers.
-MAX_HEAD_BYTES = 4 * (EMBEDDING_DIM + 1) * 1000 + 4096
+
+
+def max_head_bytes(labels: int) -> int:
+    """The largest head a manifest's labels allow: float32 over the widest vector, with room for
+    the .npy headers."""
+    return 4 * (MAX_WIDTH + 1) * labels + 4096
 
 
 @dataclass(frozen=True)
 class Head:
     version: str
     labels: list[str]
-    weights: np.ndarray  # float32 [EMBEDDING_DIM, labels]
+    weights: np.ndarray  # float32 [the encoder's width, labels]
     bias: np.ndarray  # float32 [labels]
+
+    encoder: str
+
+    @property
+    def width(self) -> int:
+        return int(self.weights.shape[0])
 
     def probabilities(self, vectors: np.ndarray) -> np.ndarray:
         logits = vectors @ self.weights + self.bias
@@ -78,8 +88,9 @@ def load(version: str, directory: Path) -> Head:
         # Sizes first: an upload's compressed arrays must not unpack into gigabytes.
         with zipfile.ZipFile(path) as archive:
             unpacked = sum(member.file_size for member in archive.infolist())
-        if unpacked > MAX_HEAD_BYTES:
-            raise InvalidModel(f"{HEAD_FILE} unpacks to {unpacked} bytes; at most {MAX_HEAD_BYTES}")
+        most = max_head_bytes(len(manifest.labels))
+        if unpacked > most:
+            raise InvalidModel(f"{HEAD_FILE} unpacks to {unpacked} bytes; at most {most}")
         with np.load(path, allow_pickle=False) as arrays:
             weights, bias = arrays["weights"], arrays["bias"]
         weights, bias = weights.astype(np.float32), bias.astype(np.float32)
@@ -90,14 +101,20 @@ def load(version: str, directory: Path) -> Head:
     except Exception as exc:  # not a zip, not .npy arrays, not numbers: not a head
         raise InvalidModel(f"{HEAD_FILE} is not a head (arrays weights, bias): {exc}") from None
     labels = len(manifest.labels)
-    if weights.shape != (EMBEDDING_DIM, labels) or bias.shape != (labels,):
+    if (
+        weights.ndim != 2
+        or not 1 <= weights.shape[0] <= MAX_WIDTH
+        or weights.shape[1] != labels
+        or bias.shape != (labels,)
+    ):
         raise InvalidModel(
             f"{HEAD_FILE}: weights {weights.shape} and bias {bias.shape}; the manifest's "
-            f"{labels} labels need ({EMBEDDING_DIM}, {labels}) and ({labels},)"
+            f"{labels} labels need (width, {labels}) and ({labels},), a width of at most {MAX_WIDTH}"
         )
     if not (np.all(np.isfinite(weights)) and np.all(np.isfinite(bias))):
         raise InvalidModel(f"{HEAD_FILE} holds non-finite weights")
-    return Head(version, manifest.labels, weights, bias)
+    assert manifest.encoder is not None  # a head's manifest always names one (store.Manifest)
+    return Head(version, manifest.labels, weights, bias, manifest.encoder)
 
 
 class HeadBank:

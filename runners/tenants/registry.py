@@ -71,14 +71,16 @@ def train_head(
     vectors: np.ndarray,
     intents: Sequence[str],
     *,
+    encoder: str,
     source: str = "train",
     extra_metrics: dict[str, float] | None = None,
 ) -> Registered:
-    """Embedded examples in, a head trained (tens of ms), registered as the tenant's new version."""
+    """Examples embedded by ``encoder`` (a catalogue model) in, a head trained (tens of ms),
+    registered as the tenant's new version."""
     check_name(tenant)
     _check_examples(len(vectors), intents)
     labels, weights, bias = heads.train(vectors, intents)
-    head = heads.Head("staged", labels, weights, bias)
+    head = heads.Head("staged", labels, weights, bias, encoder)
     predicted = [labels[i] for i in head.probabilities(np.asarray(vectors, np.float32)).argmax(1)]
     staged = store.staging()
     try:
@@ -89,7 +91,8 @@ def train_head(
             **(extra_metrics or {}),
         }
         write_manifest(
-            staged, Manifest(format="head", labels=labels, source=source, metrics=metrics)
+            staged,
+            Manifest(format="head", labels=labels, source=source, metrics=metrics, encoder=encoder),
         )
     except BaseException:
         discard(staged)

@@ -1,7 +1,7 @@
 """The multi-tenant runner: per-tenant intent classifiers.
 
-Head tenants (a softmax layer over the shared MiniLM embedding, which the caller computes through the
-ONNX runner's batches) are all resident: classify is one small matrix product. Whole-model tenants
+Head tenants (a softmax layer over the vectors of a served encoder, which the caller computes through
+the engine runners' batches) are all resident: classify is one small matrix product. Whole-model tenants
 (ONNX, TF) are loaded on demand under a memory budget; each loaded model gets its own batcher
 (requests of one tenant are batched together) and all share one engine thread. Registry operations
 (train, upload, list, show, delete) live here too.
@@ -31,6 +31,7 @@ from serving.errors import ApiError, WrongInputFormat, replies_on_error
 from serving.protocol import (
     Classified,
     Deleted,
+    ModelName,
     Registered,
     SpmIds,
     TenantFormat,
@@ -162,10 +163,12 @@ class TenantRunner:
         ctx: bentoml.Context,
         ids: SpmIds | None = None,
         vectors: Vectors | None = None,
+        encoder: ModelName | None = None,
     ) -> Classified:
         """Intent of each text, with the tenant model version that answered: a head tenant takes the
-        texts' MiniLM embeddings (vectors), a whole-model tenant their SentencePiece ids (409 when
-        the one its current version needs is missing)."""
+        texts' vectors by its encoder (``vectors``, and the model that made them, ``encoder``), a
+        whole-model tenant their SentencePiece ids (409 when what its current version reads is
+        missing, or the vectors are another model's)."""
         check_name(tenant)
         if ids is None and vectors is None:
             raise ApiError("send ids (token ids) or vectors (sentence embeddings)", 400)
@@ -180,6 +183,18 @@ class TenantRunner:
                 raise ApiError("vectors must be finite numbers", 400)
             reads = self.heads.reads
             head = self.heads.get(tenant, version, directory)
+            if encoder != head.encoder:
+                # Never scored with another model's vectors.
+                raise WrongInputFormat(
+                    f"tenant {tenant!r} is a head over {head.encoder}: send its vectors "
+                    f"(sent: {encoder or 'no encoder named'})"
+                )
+            if rows.ndim != 2 or rows.shape[1] != head.width:
+                raise ApiError(
+                    f"vectors: tenant {tenant!r}'s head reads {head.width} numbers a text "
+                    f"({head.encoder}'s); got {rows.shape[-1]}",
+                    400,
+                )
             if self.heads.reads != reads:  # a new version read: the figures changed
                 self.export_metrics.heads(len(self.heads.heads), self.heads.nbytes)
             probabilities = head.probabilities(rows)
@@ -218,22 +233,28 @@ class TenantRunner:
         ids: SpmIds | None = None,
         vectors: Vectors | None = None,
         format: TenantFormat = "head",
+        encoder: ModelName | None = None,
     ) -> Registered:
         """Train a classifier from examples and register it as the tenant's new version: a head
-        from the texts' MiniLM embeddings (vectors), an ONNX or TF model from their SentencePiece ids."""
+        from the texts' vectors by ``encoder`` (a catalogue model, recorded in its manifest), an
+        ONNX or TF model from their SentencePiece ids."""
         check_name(tenant)
         if (vectors if format == "head" else ids) is None:
             raise WrongInputFormat(
                 f"format {format!r} trains from {'vectors' if format == 'head' else 'ids'}"
             )
+        if format == "head" and encoder is None:
+            raise ApiError("encoder: a head is trained on a named model's vectors", 400)
         async with self.training:
             if vectors is not None and format == "head":
+                assert encoder is not None  # checked above
                 published = await asyncio.to_thread(
                     registry.train_head,
                     self.store,
                     tenant,
                     np.asarray(vectors, np.float32),
                     intents,
+                    encoder=encoder,
                 )
             else:
                 assert ids is not None  # checked above

@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from serving.errors import ApiError
 from serving.protocol import TenantFormat, TenantInfo
@@ -47,8 +47,14 @@ class InvalidModel(ApiError):
     status = 422
 
 
+# Heads written before manifests named their encoder were all trained on this one model's vectors:
+# such a manifest still reads as what it is.
+ENCODER_BEFORE_CATALOGUE = "all-MiniLM-L6-v2"
+
+
 class Manifest(BaseModel):
-    """What a tenant model declares: its format, its label set, where it came from."""
+    """What a tenant model declares: its format, its label set, where it came from; a head, the
+    catalogue model whose vectors it reads."""
 
     model_config = ConfigDict(extra="forbid")
     format: TenantFormat
@@ -56,6 +62,17 @@ class Manifest(BaseModel):
     source: Literal["train", "upload", "demo"] = "upload"
     created: str = ""
     metrics: dict[str, float] = Field(default_factory=dict)
+    encoder: str | None = Field(
+        None, min_length=1, max_length=63, description="head: the model whose vectors it reads."
+    )
+
+    @model_validator(mode="after")
+    def _encoder(self) -> Manifest:
+        if self.format != "head" and self.encoder is not None:
+            raise ValueError(f"encoder: a {self.format} model reads SentencePiece ids, not vectors")
+        if self.format == "head" and self.encoder is None:
+            self.encoder = ENCODER_BEFORE_CATALOGUE
+        return self
 
     @field_validator("labels")
     @classmethod
@@ -167,6 +184,7 @@ class TenantStore:
             source=manifest.source,
             created=manifest.created,
             metrics=manifest.metrics,
+            encoder=manifest.encoder,
             bytes=size_of(path),
             versions=sorted(p.name for p in (path.parent).iterdir()),
         )

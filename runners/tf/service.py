@@ -1,4 +1,5 @@
-"""The TensorFlow runner: MiniLM as a SavedModel (serving_default), batched by the shared core."""
+"""The TensorFlow runner: every catalogue model built for ``tf`` (or those ``BUNDLE_TF_MODELS``
+names) as a SavedModel (serving_default), each batched by the shared core."""
 
 from __future__ import annotations
 
@@ -6,43 +7,57 @@ import bentoml
 
 from runners import embedding, tf_serving
 from runners.tf.settings import TFRunnerSettings
-from serving import contracts
+from serving import catalogue
 from serving.errors import replies_on_error
-from serving.protocol import DeadlineSeconds, EmbedResult, TokenIds
+from serving.protocol import DeadlineSeconds, EmbedResult, ModelName, TokenIds
+from serving.served import chosen, declare, spec_of
 
 SETTINGS = TFRunnerSettings()
-# TF Serving names for the model (POST /v1/models/{name}:predict); "model" is the name TF Serving's
-# own image serves by default (MODEL_NAME), so its clients work unchanged.
-SERVABLES = {"minilm": "tf", "model": "tf"}
+SERVED = [
+    entry
+    for entry in chosen(catalogue.current(), SETTINGS.models, "BUNDLE_TF_MODELS")
+    if "tf" in entry.backends
+]
+DEFAULT = SERVED[0].name if SERVED else ""  # a call that names no model
 
 
-@bentoml.service(
-    name="tf_runner", **SETTINGS.service_config(["/embed", *tf_serving.PREDICT_ROUTES])
-)
 class TFRunner:
-    model = bentoml.models.BentoModel(SETTINGS.model)
-
     def __init__(self) -> None:
         from serving.engines.tf import TFEngine
 
-        engine = TFEngine(
-            self.model.path_of("saved_model"),
-            contracts.SENTENCE_EMBEDDING,
-            threads=SETTINGS.threads,
-            name=str(self.model.tag),
-        )
-        self.batchers = embedding.batchers("tf_runner", {"tf": engine}, SETTINGS.policy)
-        self.servables = {name: self.batchers[v] for name, v in SERVABLES.items()}
+        self.specs = {(d.entry.name, d.artefact): spec_of(d.ref(self)) for d in DECLARED}
+        engines = {
+            (d.entry.name, d.artefact): TFEngine(
+                d.ref(self).path_of("saved_model"),
+                self.specs[(d.entry.name, d.artefact)].contract(),
+                threads=SETTINGS.threads,
+                name=str(d.ref(self).tag),
+            )
+            for d in DECLARED
+        }
+        self.batchers = embedding.batchers("tf_runner", engines, self.specs, SETTINGS.policy)
+        self.servables = tf_serving.servables(self.batchers, self.specs, {})
 
     @bentoml.api
     @replies_on_error
     async def embed(
-        self, ids: TokenIds, ctx: bentoml.Context, deadline_s: DeadlineSeconds = None
+        self,
+        ids: TokenIds,
+        ctx: bentoml.Context,
+        model: ModelName | None = None,
+        deadline_s: DeadlineSeconds = None,
     ) -> EmbedResult:
-        """Sentence embeddings for token-id sequences (rows in order), batched with other callers.
+        """The model's output for token-id sequences (rows in order), batched with other callers.
 
-        ``deadline_s``: what is left of the caller's deadline (default: this runner's own)."""
-        return await embedding.embed(self.batchers["tf"], ids, ctx, deadline_s)
+        ``model``: a catalogue name (default: the first this runner serves); ``deadline_s``: what
+        is left of the caller's deadline (default: this runner's own)."""
+        key = (model or DEFAULT, "tf")
+        batcher = embedding.pick(self.batchers, *key)
+        return await embedding.embed(batcher, self.specs[key], ids, ctx, deadline_s)
 
 
-tf_serving.install(TFRunner, list(SERVABLES), contracts.SENTENCE_EMBEDDING)
+DECLARED = declare(TFRunner, SERVED, ["tf"])
+TFRunner = bentoml.service(  # type: ignore[misc]
+    name="tf_runner", **SETTINGS.service_config(["/embed", *tf_serving.PREDICT_ROUTES])
+)(TFRunner)
+tf_serving.install(TFRunner, SERVED, ["tf"], {})

@@ -164,25 +164,42 @@ def _embedded(answer: dict[str, Any]) -> Embedded:
     )
 
 
-class OnnxRunnerClient:
-    """The ONNX runner, for one of its models (fp32 or int8)."""
+# The model of every engine-runner call, in a header: the proxy in front of one container per model
+# routes by it (deploy/proxy/haproxy.cfg); in the development graph nothing reads it.
+MODEL_HEADER = "X-Bundle-Model"
 
-    def __init__(self, proxy: Any, variant: Variant, mode: str = "auto") -> None:
+
+class OnnxRunnerClient:
+    """The ONNX runner, for one model on one of its backends (fp32: onnx, int8: onnx-int8)."""
+
+    def __init__(self, proxy: Any, model: str, variant: Variant, mode: str = "auto") -> None:
         self.hot = HotCalls(proxy.to_async, mode)
-        self.variant = variant
+        self.model, self.variant = model, variant
+        self.headers = {MODEL_HEADER: model}
 
     async def embed(self, ids: list[list[int]], deadline_s: float) -> Embedded:
-        body = {"ids": ids, "variant": self.variant, "deadline_s": _budget(deadline_s)}
-        return _embedded(await _call("onnx_runner", lambda: self.hot.post("embed", body)))
+        body = {
+            "ids": ids,
+            "model": self.model,
+            "variant": self.variant,
+            "deadline_s": _budget(deadline_s),
+        }
+        send = lambda: self.hot.post("embed", body, self.headers)  # noqa: E731
+        return _embedded(await _call("onnx_runner", send))
 
 
 class TFRunnerClient:
-    def __init__(self, proxy: Any, mode: str = "auto") -> None:
+    """The TensorFlow runner, for one model."""
+
+    def __init__(self, proxy: Any, model: str, mode: str = "auto") -> None:
         self.hot = HotCalls(proxy.to_async, mode)
+        self.model = model
+        self.headers = {MODEL_HEADER: model}
 
     async def embed(self, ids: list[list[int]], deadline_s: float) -> Embedded:
-        body = {"ids": ids, "deadline_s": _budget(deadline_s)}
-        return _embedded(await _call("tf_runner", lambda: self.hot.post("embed", body)))
+        body = {"ids": ids, "model": self.model, "deadline_s": _budget(deadline_s)}
+        send = lambda: self.hot.post("embed", body, self.headers)  # noqa: E731
+        return _embedded(await _call("tf_runner", send))
 
 
 # The tenant of every tenant-runner call, in a header: the proxy in front of tenant-runner replicas
@@ -209,15 +226,20 @@ class TenantRunnerClient:
         return lambda: internals.call_with_headers(self.proxy, api, kwargs, headers)
 
     async def classify(
-        self, tenant: str, ids: list[list[int]] | None, vectors: np.ndarray | None
+        self,
+        tenant: str,
+        ids: list[list[int]] | None,
+        vectors: np.ndarray | None,
+        encoder: str | None = None,
     ) -> Classified:
-        """With the texts' SentencePiece ids (whole-model tenants), their MiniLM vectors (head
-        tenants) or both, when the caller does not know which the tenant is."""
+        """With the texts' SentencePiece ids (whole-model tenants), their vectors by ``encoder``
+        (head tenants) or both, when the caller does not know which the tenant is."""
         body: dict[str, Any] = {"tenant": tenant}
         if ids is not None:  # absent, not null (see _for)
             body["ids"] = ids
         if vectors is not None:
             body["vectors"] = vectors.tolist()
+            body["encoder"] = encoder
         headers = {TENANT_HEADER: tenant}
         return _as(
             Classified, await _call(self.name, lambda: self.hot.post("classify", body, headers))
@@ -231,10 +253,11 @@ class TenantRunnerClient:
         *,
         ids: list[list[int]] | None = None,
         vectors: np.ndarray | None = None,
+        encoder: str | None = None,
     ) -> Registered:
         send = self._for(
             tenant, "train", intents=intents, format=format, ids=ids,
-            vectors=None if vectors is None else vectors.tolist(),
+            vectors=None if vectors is None else vectors.tolist(), encoder=encoder,
         )  # fmt: skip
         return _as(Registered, await _call(self.name, send))
 

@@ -26,21 +26,34 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from services.tokenizer.schemas import VISIBLE
-from services.tokenizer.settings import SETTINGS, Backend
+from services.tokenizer.settings import SETTINGS
 from services.tokenizer.vectors import Encoding, encode
-from serving.contracts import EMBEDDING_DIM
+from serving import catalogue
+from serving.catalogue import Backend, Entry
 from serving.errors import ApiError, Overloaded, TooManyTokens
 from serving.replies import reply as _json
 
 MOUNT = "/v1"
 EMBEDDINGS_PATH = f"{MOUNT}/embeddings"
 MODELS_PATH = f"{MOUNT}/models"
-# Model names clients send, and the backend each one is served by.
-MODELS: dict[str, Backend] = {
-    "all-MiniLM-L6-v2": "onnx",
-    "all-MiniLM-L6-v2-int8": "onnx-int8",
-    "all-MiniLM-L6-v2-tf": "tf",
-}
+# A model's backends beyond its first, as OpenAI model names: NAME-int8, NAME-tf, NAME-onnx.
+SUFFIXES: dict[Backend, str] = {"onnx": "-onnx", "onnx-int8": "-int8", "tf": "-tf"}
+
+
+def model_names(entries: list[Entry]) -> dict[str, tuple[str, Backend]]:
+    """The names clients send, each the catalogue model and backend it is served by: an embed
+    model's name for its first backend, and the name with a suffix for each other."""
+    names: dict[str, tuple[str, Backend]] = {}
+    for entry in entries:
+        if entry.task != "embed":
+            continue
+        first, *others = entry.backends
+        names[entry.name] = (entry.name, first)
+        names.update({entry.name + SUFFIXES[b]: (entry.name, b) for b in others})
+    return names
+
+
+MODELS = model_names(list(catalogue.current().models))
 OWNER = "bento-bundle"
 # OpenAI's model objects carry a creation time; these models have none that means anything to a
 # client, and every worker must answer the same: the Unix epoch.
@@ -93,7 +106,9 @@ class EmbeddingsRequest(BaseModel):
         description="float (the default) or base64: each vector's little-endian float32 bytes.",
     )
     dimensions: int | None = Field(
-        None, description=f"Output size; MiniLM's vectors have {EMBEDDING_DIM} dimensions only."
+        None,
+        description="A shorter vector, where the model offers it (Matryoshka): its first "
+        "dimensions, normalised again.",
     )
     user: str | None = Field(None, description="Accepted and ignored.")
 
@@ -102,9 +117,10 @@ class Embedding(Protocol):
     """What the route needs from the service: the same path as ``/embed``."""
 
     async def embed_texts(
-        self, texts: list[str], backend: Backend
+        self, texts: list[str], model: str, backend: Backend, dimensions: int | None = None
     ) -> tuple[np.ndarray, list[int], dict[str, str]]:
-        """Vectors (rows in order), tokens per text, timing headers."""
+        """Vectors (rows in order), tokens per text, timing headers; ApiError for dimensions the
+        model does not offer."""
         ...
 
 
@@ -160,13 +176,6 @@ def parse(body: bytes) -> EmbeddingsRequest:
         raise _refusal(exc) from None
     if request.model not in MODELS:
         raise unknown_model(request.model)
-    if request.dimensions not in (None, EMBEDDING_DIM):
-        raise OpenAIError(
-            400,
-            f"dimensions: {request.model} has {EMBEDDING_DIM} dimensions; "
-            f"{request.dimensions} is not supported",
-            param="dimensions",
-        )
     return request
 
 
@@ -188,7 +197,12 @@ def openapi_paths() -> dict[str, Any]:
     request["additionalProperties"] = False
     request["properties"].update(
         encoding_format={"type": "string", "enum": ["float", "base64", None], "nullable": True},
-        dimensions={"type": "integer", "enum": [EMBEDDING_DIM, None], "nullable": True},
+        dimensions={
+            "type": "integer",
+            "minimum": 1,
+            "nullable": True,
+            "description": fields["dimensions"].description,
+        },
         user={"type": "string", "nullable": True, "description": fields["user"].description},
     )
     string = {"type": "string"}
@@ -236,7 +250,7 @@ def openapi_paths() -> dict[str, Any]:
             "post": {
                 "summary": "OpenAI-compatible embeddings (the openai SDK works unchanged)",
                 "description": "Same batching and shedding as /embed. Models: "
-                + ", ".join(f"{m} ({b})" for m, b in MODELS.items())
+                + ", ".join(f"{m} ({name}, {b})" for m, (name, b) in MODELS.items())
                 + ". 429/503 carry Retry-After.",
                 "requestBody": {
                     "required": True,
@@ -281,7 +295,15 @@ def openai_app(service: Callable[[], Embedding]) -> Starlette:
                     400, f"send a JSON body (content-type: application/json, got {content_type!r})"
                 )
             body = parse(await request.body())
-            vectors, tokens, headers = await service().embed_texts(body.input, MODELS[body.model])
+            name, backend = MODELS[body.model]
+            try:
+                vectors, tokens, headers = await service().embed_texts(
+                    body.input, name, backend, body.dimensions
+                )
+            except ApiError as exc:
+                if exc.status == 400 and exc.message.startswith("dimensions:"):
+                    raise OpenAIError(400, exc.message, param="dimensions") from None
+                raise
         except OpenAIError as exc:
             return exc.response()
         except Overloaded as exc:

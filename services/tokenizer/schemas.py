@@ -1,4 +1,8 @@
-"""The public JSON contract. Limits come from the settings; unknown fields are refused (400)."""
+"""The public JSON contract. Limits come from the settings; unknown fields are refused (400).
+
+Optional fields are not nullable: BentoML's OpenAPI drops the ``| None`` of optional fields, so the
+documented schema is the value's own type, and an explicit null is refused like any other value of
+the wrong type. Their default is None, for "not given" (hence the ``type: ignore`` on each)."""
 
 from __future__ import annotations
 
@@ -16,8 +20,9 @@ from pydantic import (
     model_serializer,
 )
 
-from services.tokenizer.settings import SETTINGS, Backend
+from services.tokenizer.settings import SETTINGS
 from services.tokenizer.vectors import Encoding
+from serving.catalogue import Backend
 from serving.tenant_names import MAX_LABEL_CHARS, MAX_LABELS
 
 # A text to embed must say something: empty or blank strings are refused, not embedded as [CLS][SEP].
@@ -37,26 +42,45 @@ class Request(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
 
 
+ModelName = Annotated[str, StringConstraints(min_length=1, max_length=63)]
+
+
 class EmbedRequest(Request):
     texts: list[Text] = Field(
         min_length=1, max_length=SETTINGS.max_texts, description="Texts to embed."
     )
-    backend: Backend = Field("onnx", description="onnx (fp32), onnx-int8, or tf.")
+    model: ModelName = Field(  # type: ignore[assignment]
+        None,
+        description="An embed model of GET /v1/models (default: the catalogue's first).",
+        validate_default=False,
+    )
+    backend: Backend = Field(  # type: ignore[call-overload]
+        None,
+        description="onnx (fp32), onnx-int8 or tf, as the model is built (default: its first).",
+        validate_default=False,
+    )
     encoding: Encoding = Field(
         "float",
         description="float: lists of numbers; base64: each vector's little-endian float32 bytes, "
         "base64-encoded (under half the bytes; numpy.frombuffer(base64.b64decode(v), '<f4')).",
     )
+    dimensions: Annotated[int, Field(ge=1)] = Field(  # type: ignore[assignment]
+        None,
+        description="A shorter vector, where the model offers it (Matryoshka): its first "
+        "dimensions, normalised again.",
+        validate_default=False,
+    )
 
 
 class EmbedResponse(BaseModel):
     embeddings: list[list[float]] | list[str] = Field(
-        description="One L2-normalised 384-float vector per text, in order (base64 strings when "
-        "asked)."
+        description="One vector per text, in order (base64 strings when asked): the model's "
+        "width, or the dimensions asked for."
     )
+    model: str = Field(description="The model that answered.")
     backend: Backend
     tokens: list[int] = Field(
-        description="Word pieces per text after truncation, [CLS] and [SEP] included."
+        description="Tokens per text after truncation, the model's special tokens included."
     )
 
 
@@ -64,26 +88,31 @@ class SimilarityRequest(Request):
     pairs: list[tuple[Text, Text]] = Field(
         min_length=1, max_length=SETTINGS.max_pairs, description="Text pairs."
     )
-    # Optional, but not nullable: BentoML's OpenAPI drops the `| None` of optional fields, so the
-    # documented schema is a number; an explicit null is refused like any other non-number.
     threshold: Annotated[FiniteFloat, Field(ge=-1, le=1)] = Field(  # type: ignore[assignment]
         None,
         description="When given, labels[i] = 1 if scores[i] >= threshold else 0.",
         validate_default=False,
     )
-    backend: Backend = Field(SETTINGS.default_backend, description="onnx (fp32), onnx-int8, or tf.")
+    model: ModelName = Field(  # type: ignore[assignment]
+        None, description="An embed model (default: the catalogue's first).", validate_default=False
+    )
+    backend: Backend = Field(  # type: ignore[call-overload]
+        None,
+        description="onnx, onnx-int8 or tf (default: the model's first).",
+        validate_default=False,
+    )
 
 
 class SimilarityResponse(BaseModel):
-    scores: list[float] = Field(description="Cosine similarity of each pair's MiniLM embeddings.")
+    scores: list[float] = Field(description="Cosine similarity of each pair's sentence vectors.")
     labels: list[Literal[0, 1]] | None = Field(
         None, description="Present when a threshold was given."
     )
 
     @model_serializer(mode="wrap")
     def _absent_not_null(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
-        # BentoML's OpenAPI drops the `| None` of optional fields, so `null` would break the
-        # documented schema: labels are left out when there are none.
+        # `null` would break the documented schema (see the module's docstring): labels are left
+        # out when there are none.
         data = handler(self)
         if data.get("labels") is None:
             data.pop("labels", None)
@@ -92,9 +121,16 @@ class SimilarityResponse(BaseModel):
 
 class TokenizeRequest(Request):
     texts: list[AnyText] = Field(min_length=1, max_length=SETTINGS.max_texts)
-    tokenizer: Literal["minilm", "sentencepiece"] = Field(
-        "minilm",
-        description="minilm: MiniLM's WordPiece (with [CLS]/[SEP]); sentencepiece: the project's unigram model.",
+    model: ModelName = Field(  # type: ignore[assignment]
+        None,
+        description="The model whose tokenizer to use, any of GET /v1/models' (default: the "
+        "catalogue's first embed model).",
+        validate_default=False,
+    )
+    tokenizer: Literal["model", "sentencepiece"] = Field(
+        "model",
+        description="model: the model's own tokenizer, its special tokens included; "
+        "sentencepiece: the unigram model tenants' whole models read.",
     )
 
 
@@ -135,8 +171,14 @@ class TrainRequest(Request):
     examples: list[Example] = Field(min_length=2, max_length=10_000)
     format: Literal["head", "onnx", "tf"] = Field(
         "head",
-        description="head (default): a layer over the shared sentence encoder, trained in well "
-        "under a second, always in memory; onnx or tf: a whole model of the tenant's own.",
+        description="head (default): a layer over a served sentence encoder, trained on request "
+        "in moments, always in memory; onnx or tf: a whole model of the tenant's own.",
+    )
+    encoder: ModelName = Field(  # type: ignore[assignment]
+        None,
+        description="head: the embed model whose vectors it reads (default: the catalogue's "
+        "first); the head is scored with that model only.",
+        validate_default=False,
     )
 
 

@@ -7,9 +7,10 @@ requests (core), and turns embeddings into the answer (post): vectors, cosine sc
 from __future__ import annotations
 
 import asyncio
+import functools
 import time
 from pathlib import Path
-from typing import Any, cast
+from typing import Any, NamedTuple, cast
 
 import bentoml
 import numpy as np
@@ -19,6 +20,7 @@ from services.tokenizer.clients import OnnxRunnerClient, TenantRunnerClient, TFR
 from services.tokenizer.coalesce import Coalescer, EmbeddingClient
 from services.tokenizer.json_only import UPLOAD_PATH, JsonOnly
 from services.tokenizer.keys import TenantKeys
+from services.tokenizer.models import Model, Models
 from services.tokenizer.openai_api import EMBEDDINGS_PATH, openai_app
 from services.tokenizer.openai_api import MOUNT as OPENAI_MOUNT
 from services.tokenizer.openapi import refine
@@ -39,14 +41,24 @@ from services.tokenizer.schemas import (
 )
 from services.tokenizer.settings import SETTINGS, Backend, TokenizerSettings
 from services.tokenizer.vectors import encode
+from serving import catalogue
 from serving.batching import Admission, TokenQueue
 from serving.batching.metrics import Recorder
+from serving.catalogue import ModelSpec
 from serving.error_bodies import ConformingErrors
 from serving.errors import ApiError, TooManyTokens, replies_on_error
-from serving.features import cosine
+from serving.features import cosine, load_tokenizer
 from serving.openapi_docs import OpenApiDocs
-from serving.protocol import Classified, Deleted, Registered, TenantInfo, timing_headers
+from serving.protocol import (
+    Classified,
+    Deleted,
+    Registered,
+    TenantFormat,
+    TenantInfo,
+    timing_headers,
+)
 from serving.replies import reply
+from serving.served import declare, spec_of
 from serving.tenant_names import check_name
 
 
@@ -63,30 +75,40 @@ def _runner(url: str | None, service_path: str) -> Any:
     return bentoml.depends(getattr(__import__(module, fromlist=[name]), name))
 
 
+class TenantReads(NamedTuple):
+    """What a tenant's current version reads: a head its encoder's vectors, a whole model
+    SentencePiece ids."""
+
+    format: TenantFormat
+    encoder: str | None
+
+
+class EncoderNotServed(ApiError):
+    """A head tenant over a model this deployment no longer serves."""
+
+
 HEAD_PART = 32  # texts per embedding call when a head tenant's training set is embedded
 
 
-def coalescers(onnx: Any, tf: Any, settings: TokenizerSettings) -> dict[Backend, Coalescer]:
-    """One coalescing queue per backend, each in front of its runner client."""
+def client(model: str, backend: Backend, onnx: Any, tf: Any, mode: str) -> EmbeddingClient:
+    """The runner client of one model on one backend."""
+    if backend == "tf":
+        return TFRunnerClient(tf, model, mode)
+    return OnnxRunnerClient(onnx, model, "int8" if backend == "onnx-int8" else "fp32", mode)
 
-    def coalescer(backend: Backend, client: EmbeddingClient) -> Coalescer:
-        admission = Admission(
-            settings.max_queue_tokens,
-            settings.deadline_s,
-            on_shed=Recorder("tokenizer", backend).shed,
-        )
-        return Coalescer(
-            client,
-            TokenQueue(admission),
-            max_inflight=settings.runner_inflight,
-            max_tokens=settings.runner_call_tokens,
-        )
 
-    return {
-        "onnx": coalescer("onnx", OnnxRunnerClient(onnx, "fp32", settings.lean_path)),
-        "onnx-int8": coalescer("onnx-int8", OnnxRunnerClient(onnx, "int8", settings.lean_path)),
-        "tf": coalescer("tf", TFRunnerClient(tf, settings.lean_path)),
-    }
+def coalescer(label: str, client: EmbeddingClient, settings: TokenizerSettings) -> Coalescer:
+    """A coalescing queue in front of one model's runner client: each model and backend has its
+    own token budget, so one model's backlog never sheds another's requests."""
+    admission = Admission(
+        settings.max_queue_tokens, settings.deadline_s, on_shed=Recorder("tokenizer", label).shed
+    )
+    return Coalescer(
+        client,
+        TokenQueue(admission),
+        max_inflight=settings.runner_inflight,
+        max_tokens=settings.runner_call_tokens,
+    )
 
 
 # The public API: kept out of tracing, and so answered on the lean path (serving/hot_path.py),
@@ -98,33 +120,39 @@ def current_service() -> Any:
     return bentoml.get_current_service()
 
 
-@bentoml.asgi_app(openai_app(current_service), path=OPENAI_MOUNT)
-@bentoml.service(
-    name="tokenizer",
-    service_class=SETTINGS.service_class(),
-    workers=SETTINGS.workers,
-    tracing=SETTINGS.tracing(HOT_ROUTES),
-    traffic={"timeout": SETTINGS.timeout_s},
-    logging={"access": {"enabled": SETTINGS.access_log}},
-)
 class Tokenizer:
     onnx_runner = _runner(SETTINGS.onnx_url, "runners.onnx.service:OnnxRunner")
     tf_runner = _runner(SETTINGS.tf_url, "runners.tf.service:TFRunner")
     tenant_runner = _runner(SETTINGS.tenant_url, "runners.tenants.service:TenantRunner")
-    wordpiece = bentoml.models.BentoModel(SETTINGS.wordpiece_model)
     sentencepiece = bentoml.models.BentoModel(SETTINGS.sentencepiece_model)
 
     def __init__(self) -> None:
         from services.tokenizer.text import Tokenizers
 
-        self.text = Tokenizers(
-            self.wordpiece.path_of("tokenizer.json"), self.sentencepiece.path_of("spiece.model")
-        )
-        self.backends = coalescers(self.onnx_runner, self.tf_runner, SETTINGS)
+        self.text = Tokenizers(self.sentencepiece.path_of("spiece.model"))
+        served = {}
+        for declared in DECLARED:
+            # The catalogue says which backends serve the model (the runners load those);
+            # the store's spec, what the build made of it.
+            spec = spec_of(declared.ref(self)).model_copy(
+                update={"backends": declared.entry.backends}
+            )
+            tokenizer = load_tokenizer(
+                declared.ref(self).path_of("tokenizer.json"), spec.max_length
+            )
+            model = Model(spec, tokenizer)
+            for backend in spec.backends:
+                label = f"{spec.name}/{backend}"
+                runner = client(
+                    spec.name, backend, self.onnx_runner, self.tf_runner, SETTINGS.lean_path
+                )
+                model.queues[backend] = coalescer(label, runner, SETTINGS)
+            served[spec.name] = model
+        self.models = Models(served)
         self.tenants = TenantRunnerClient(self.tenant_runner, SETTINGS.lean_path)
-        # Each tenant's model format as last answered: a head tenant needs the texts' vectors, a
-        # whole-model tenant their SentencePiece ids; an unknown one is sent both once.
-        self.tenant_formats: dict[str, str] = {}
+        # What each tenant's current version reads, as last seen: a head tenant its encoder's
+        # vectors, a whole-model tenant SentencePiece ids (asked of the runner when unknown).
+        self.tenant_reads: dict[str, TenantReads] = {}
         self.keys = TenantKeys(SETTINGS.tenant_keys_file)
 
     def _tenant(self, name: str, ctx: bentoml.Context) -> str:
@@ -133,13 +161,14 @@ class Tokenizer:
         self.keys.require(check_name(name), ctx.request.headers.get("authorization"))
         return name
 
-    async def embed_texts(
-        self, texts: list[str], backend: Backend
+    async def embed_with(
+        self, model: Model, backend: Backend, texts: list[str], width: int | None = None
     ) -> tuple[np.ndarray, list[int], dict[str, str]]:
-        """Tokenize, embed through the backend's coalescing queue: vectors (rows in order), tokens
-        per text, timing headers. Every embedding route (ours and OpenAI's) comes through here."""
+        """Tokenize with the model's tokenizer, embed through its backend's coalescing queue:
+        vectors (rows in order, ``width`` wide when given), tokens per text, timing headers. Every
+        embedding route (ours and OpenAI's) comes through here."""
         started = time.perf_counter()
-        ids = await self.text.run(self.text.minilm, texts)
+        ids = await self.text.run(model.encode, texts)
         tokens = sum(map(len, ids))
         if tokens > SETTINGS.max_queue_tokens:
             # More than the queue ever holds: refused whenever anything waits, and alone it would
@@ -149,38 +178,59 @@ class Tokenizer:
                 "send fewer texts per request"
             )
         tokenized = time.perf_counter()
-        embedded = await self.backends[backend].embed(ids)
+        embedded = await model.queues[backend].embed(ids)
         headers = {
             "X-Tokenization-Time": f"{(tokenized - started) * 1000:.2f}",
             **timing_headers(embedded.queue_ms, embedded.inference_ms),
             "X-Total-Time": f"{(time.perf_counter() - started) * 1000:.2f}",
         }
-        return embedded.vectors, [len(i) for i in ids], headers
+        return model.shorten(embedded.vectors, width), [len(i) for i in ids], headers
+
+    async def embed_texts(
+        self, texts: list[str], model: str, backend: Backend, dimensions: int | None = None
+    ) -> tuple[np.ndarray, list[int], dict[str, str]]:
+        """OpenAI's route: a model and backend it resolved from the model's name."""
+        served = self.models.get(model, "embed", "/v1/embeddings")
+        return await self.embed_with(served, backend, texts, served.width(dimensions))
 
     async def _embed(
-        self, texts: list[str], backend: Backend, ctx: bentoml.Context
-    ) -> tuple[np.ndarray, list[int]]:
-        vectors, tokens, headers = await self.embed_texts(texts, backend)
+        self,
+        texts: list[str],
+        model: Model,
+        backend: Backend,
+        ctx: bentoml.Context,
+        width: int | None = None,
+    ) -> np.ndarray:
+        vectors, _, headers = await self.embed_with(model, backend, texts, width)
         ctx.response.headers.update(headers)
-        return vectors, tokens
+        return vectors
 
     # Each API answers with a reply written once (serving/replies.py): a Starlette Response, whose
     # shape ``output_spec`` documents.
     @bentoml.api(output_spec=EmbedResponse)
     @replies_on_error
     async def embed(self, request: EmbedRequest, /, ctx: bentoml.Context) -> Response:
-        """Sentence embeddings (384 floats, L2-normalised) for each text, in order; with
-        "encoding": "base64", each as its little-endian float32 bytes in base64 (under half the bytes)."""
-        vectors, tokens = await self._embed(request.texts, request.backend, ctx)
+        """Sentence embeddings for each text, in order, by the model named (default: the
+        catalogue's first embed model); with "encoding": "base64", each as its little-endian
+        float32 bytes in base64 (under half the bytes)."""
+        model = self.models.get(request.model, "embed", "/embed")
+        backend = model.backend(request.backend)
+        width = model.width(request.dimensions)
+        vectors, tokens, headers = await self.embed_with(model, backend, request.texts, width)
+        ctx.response.headers.update(headers)
         embeddings = encode(vectors, request.encoding)
-        return reply({"embeddings": embeddings, "backend": request.backend, "tokens": tokens})
+        return reply(
+            {"embeddings": embeddings, "model": model.name, "backend": backend, "tokens": tokens}
+        )
 
     @bentoml.api(output_spec=SimilarityResponse)
     @replies_on_error
     async def similarity(self, request: SimilarityRequest, /, ctx: bentoml.Context) -> Response:
         """Cosine similarity of each pair (STS-style); with a threshold, 0/1 labels too."""
+        model = self.models.get(request.model, "embed", "/similarity")
+        backend = model.backend(request.backend)
         texts = list(dict.fromkeys(t for pair in request.pairs for t in pair))
-        vectors, _ = await self._embed(texts, request.backend, ctx)
+        vectors = await self._embed(texts, model, backend, ctx)
         index = {t: i for i, t in enumerate(texts)}
         scores = cosine(
             vectors[[index[p[0]] for p in request.pairs]],
@@ -191,39 +241,69 @@ class Tokenizer:
         return reply({"scores": scores, "labels": (scores >= request.threshold).astype(np.int8)})
 
     @bentoml.api(output_spec=TokenizeResponse)
+    @replies_on_error
     async def tokenize(self, request: TokenizeRequest, /) -> Response:
-        """Token ids per text: MiniLM's WordPiece (default) or the SentencePiece model."""
-        encoder = self.text.minilm if request.tokenizer == "minilm" else self.text.sentencepiece
-        return reply({"ids": await self.text.run(encoder, request.texts)})
+        """Token ids per text, by the tokenizer of the model named (default: the catalogue's
+        first embed model), or by the SentencePiece model that tenants' whole models read."""
+        if request.tokenizer == "sentencepiece":
+            if request.model is not None:  # named, it must be served (a 404 otherwise)
+                self.models.get(request.model, None, "/tokenize")
+            return reply({"ids": await self.text.run(self.text.sentencepiece, request.texts)})
+        model = self.models.get(request.model, None, "/tokenize")
+        return reply({"ids": await self.text.run(model.encode, request.texts)})
 
     @bentoml.api(output_spec=InferenceResponse)
     @replies_on_error
     async def inference(self, request: InferenceRequest, /, ctx: bentoml.Context) -> Response:
-        """One text in, its sentence embedding out: {"input_text": str} -> {"outputs": [float]}."""
-        vectors, _ = await self._embed([request.input_text], SETTINGS.default_backend, ctx)
+        """One text in, its sentence embedding out (the catalogue's first embed model):
+        {"input_text": str} -> {"outputs": [float]}."""
+        model = self.models.get(None, "embed", "/inference")
+        vectors = await self._embed([request.input_text], model, model.backend(None), ctx)
         return reply({"outputs": vectors[0]})
 
-    async def _head_vectors(self, texts: list[str]) -> np.ndarray:
-        # Head tenants take MiniLM fp32 vectors: the ONNX runner's, in the same batches as every
-        # other embedding request. A training set (up to 10,000 texts) goes in request-sized parts.
-        # A few parts in flight at a time, so that a large set does not fill the queue itself.
+    def _encoder(self, name: str | None, tenant: str) -> Model:
+        """The embed model a head tenant reads; a 409 naming it when it is no longer served: a head
+        is never scored with another model's vectors."""
+        try:
+            return self.models.get(name, "embed", "encoder")
+        except ApiError as exc:
+            if name is None or exc.status != 404:
+                raise
+            raise EncoderNotServed(
+                f"tenant {tenant!r} is a head over {name}, which is not served here: train it "
+                f"again with a served encoder ({', '.join(self.models.names('embed'))})",
+                409,
+            ) from None
+
+    async def _head_vectors(self, texts: list[str], encoder: Model) -> np.ndarray:
+        # A head reads its encoder's vectors on the encoder's first backend, in the same batches as
+        # every other embedding request. A training set (up to 10,000 texts) goes in request-sized
+        # parts, a few in flight at a time, so that a large set does not fill the queue itself.
+        backend = encoder.backend(None)
         parts = [texts[i : i + HEAD_PART] for i in range(0, len(texts), HEAD_PART)]
         vectors: list[np.ndarray] = []
         for wave in range(0, len(parts), 4):
             embedded = await asyncio.gather(
-                *(self.embed_texts(part, "onnx") for part in parts[wave : wave + 4])
+                *(self.embed_with(encoder, backend, part) for part in parts[wave : wave + 4])
             )
             vectors += [rows for rows, _, _ in embedded]
         return np.concatenate(vectors)
 
-    async def _classify(self, tenant: str, texts: list[str], fmt: str | None) -> Classified:
-        """What the tenant's model takes, from its format as last seen (both when unknown)."""
-        ids = vectors = None
-        if fmt != "head":
+    async def _reads(self, tenant: str) -> TenantReads:
+        """What the tenant's current version reads, asked of the tenant runner (404: no tenant)."""
+        info = await self.tenants.show(tenant)
+        if len(self.tenant_reads) > 100_000:
+            self.tenant_reads.clear()
+        self.tenant_reads[tenant] = reads = TenantReads(info.format, info.encoder)
+        return reads
+
+    async def _classify_as(self, tenant: str, texts: list[str], reads: TenantReads) -> Classified:
+        if reads.format != "head":
             ids = await self.text.run(self.text.tenant_pieces, texts)
-        if fmt in (None, "head"):
-            vectors = await self._head_vectors(texts)
-        return await self.tenants.classify(tenant, ids, vectors)
+            return await self.tenants.classify(tenant, ids, None)
+        encoder = self._encoder(reads.encoder, tenant)
+        vectors = await self._head_vectors(texts, encoder)
+        return await self.tenants.classify(tenant, None, vectors, encoder.name)
 
     @bentoml.api(output_spec=Classified)
     @replies_on_error
@@ -232,19 +312,18 @@ class Tokenizer:
         example's tenant, acme, exists once /tenants/train's example has trained it)."""
         self._tenant(request.tenant, ctx)
         started = time.perf_counter()
+        reads = self.tenant_reads.get(request.tenant) or await self._reads(request.tenant)
         try:
-            result = await self._classify(
-                request.tenant, request.texts, self.tenant_formats.get(request.tenant)
-            )
+            result = await self._classify_as(request.tenant, request.texts, reads)
+        except EncoderNotServed:
+            raise
         except ApiError as exc:
             if exc.status != 409:
                 raise
-            # The tenant's format changed since it was last seen here (a new version of the
-            # other kind): send both this once.
-            result = await self._classify(request.tenant, request.texts, None)
-        if len(self.tenant_formats) > 100_000:
-            self.tenant_formats.clear()
-        self.tenant_formats[request.tenant] = result.format
+            # The runner's version reads something else since it was last seen here (a new
+            # version of another kind, or over another encoder): ask again, once.
+            reads = await self._reads(request.tenant)
+            result = await self._classify_as(request.tenant, request.texts, reads)
         ctx.response.headers["X-Tenant-Cache"] = result.cache
         ctx.response.headers["X-Total-Time"] = f"{(time.perf_counter() - started) * 1000:.2f}"
         return reply(result.model_dump())
@@ -267,8 +346,11 @@ class Tokenizer:
             if distinct > MAX_INTENTS:
                 raise ApiError(f"examples: {distinct} intents; at most {MAX_INTENTS}", 422)
             if request.format == "head":
-                vectors = await self._head_vectors(texts)
-                return await self.tenants.train(request.tenant, intents, "head", vectors=vectors)
+                encoder = self.models.get(request.encoder, "embed", "encoder")
+                vectors = await self._head_vectors(texts, encoder)
+                return await self.tenants.train(
+                    request.tenant, intents, "head", vectors=vectors, encoder=encoder.name
+                )
             ids = await self.text.run(self.text.tenant_pieces, texts)
             return await self.tenants.train(request.tenant, intents, request.format, ids=ids)
 
@@ -302,8 +384,23 @@ class Tokenizer:
             return await self.tenants.delete(self._tenant(request.tenant, ctx))
 
 
-# The class is a bentoml.Service once decorated (mypy does not apply class decorators).
-SERVICE = cast("bentoml.Service[Any]", Tokenizer)
+# Every catalogue model's tokenizer, declared before the class becomes a service: a bento carries
+# the models its service declares.
+DECLARED = declare(Tokenizer, catalogue.current().models, ["tokenizer"])
+SERVICE = cast(
+    "bentoml.Service[Any]",
+    bentoml.asgi_app(openai_app(current_service), path=OPENAI_MOUNT)(
+        bentoml.service(
+            name="tokenizer",
+            service_class=SETTINGS.service_class(),
+            workers=SETTINGS.workers,
+            tracing=SETTINGS.tracing(HOT_ROUTES),
+            traffic={"timeout": SETTINGS.timeout_s},
+            logging={"access": {"enabled": SETTINGS.access_log}},
+        )(Tokenizer)
+    ),
+)
+Tokenizer = SERVICE  # type: ignore[misc]  # what bentofile.yaml and the graph name
 # OpenAI's routes (under /v1) answer in OpenAI's error shape: these two leave them alone.
 SERVICE.add_asgi_middleware(ConformingErrors, skip_prefix=OPENAI_MOUNT + "/")
 SERVICE.add_asgi_middleware(
@@ -311,4 +408,12 @@ SERVICE.add_asgi_middleware(
     multipart_paths=frozenset({UPLOAD_PATH} if SETTINGS.admin_enabled else ()),
     skip_prefix=OPENAI_MOUNT + "/",
 )
-SERVICE.add_asgi_middleware(OpenApiDocs, refine=refine)
+
+
+@functools.cache
+def served_specs() -> list[ModelSpec]:
+    """The spec of every model served, as its store entry recorded it (for the OpenAPI document)."""
+    return [spec_of(declared.ref(SERVICE.inner)) for declared in DECLARED]
+
+
+SERVICE.add_asgi_middleware(OpenApiDocs, refine=lambda spec: refine(spec, served_specs()))

@@ -1,15 +1,15 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
 
 from pydantic import Field
 from pydantic_settings import SettingsConfigDict
 
 from serving import contracts
+from serving.catalogue import Backend
 from serving.settings import ServiceSettings
 
-Backend = Literal["onnx", "onnx-int8", "tf"]
+__all__ = ["SETTINGS", "Backend", "TokenizerSettings"]
 
 
 class TokenizerSettings(ServiceSettings):
@@ -21,7 +21,10 @@ class TokenizerSettings(ServiceSettings):
     model_config = SettingsConfigDict(env_prefix="BUNDLE_TOKENIZER_")
 
     workers: int = Field(
-        1, ge=1, description="Worker processes. One event loop keeps up with two engine cores here."
+        1,
+        ge=1,
+        description="Worker processes. One is enough while a single event loop keeps up with the "
+        "runners' engines; add workers when the tokenizer's CPU saturates first.",
     )
     timeout_s: float = Field(30.0, gt=0, description="BentoML traffic timeout for one request.")
     max_texts: int = Field(256, ge=1, description="Texts per /embed or /tokenize request.")
@@ -44,27 +47,19 @@ class TokenizerSettings(ServiceSettings):
         description="Calls in flight per backend; requests arriving meanwhile are merged into a later call. "
         "A call beyond the first goes out once the last one out is expected to be nine tenths done.",
     )
-    # Why 2, not 1: one call in flight makes calls larger, and the runner spends less per
-    # request (`python -m loadtests.ab 8a70dbb --users 64 --rounds 6`, medians, chat, on a 2-core
-    # host: its CPU outside the engine 0.161 against 0.238 ms a request, the tokenizer's 0.531
-    # against 0.609). But the runner's lanes then idle while a call's last engine calls run and
-    # its answer travels back: at 16 users (`--users 16 --rounds 6`) 141 against 163 sentences/s.
-    # A second call that waits until the first is nine tenths done (coalesce.py's
-    # OVERLAP_SHARE) keeps part of the first gain without the second loss: at 16 chat users
-    # 0.1 served 1.03x what 0.25 did, and 0.25 1.03x what 0.5 did (its figures there).
+    # Why 2, not 1: one call in flight makes calls larger, so the runner and the tokenizer spend
+    # less per request, but the runner's lanes then idle while a call's last engine calls run and
+    # its answer travels back. A second call that waits until the first is nearly done keeps part
+    # of the gain without the loss (docs/decisions/0003-coalescing.md).
     runner_call_tokens: int = Field(
         8192,
         ge=1,
         description="Real tokens merged into one runner call (a larger lone request still goes, alone).",
     )
-    default_backend: Backend = Field(
-        "onnx", description="Backend for /similarity and /inference when none is given."
-    )
-    wordpiece_model: str = Field(
-        f"{contracts.TOKENIZER}:latest", description="MiniLM fast tokenizer (model store tag)."
-    )
     sentencepiece_model: str = Field(
-        f"{contracts.SENTENCEPIECE}:latest", description="SentencePiece model (model store tag)."
+        f"{contracts.SENTENCEPIECE}:latest",
+        description="The tenants' SentencePiece model (model store tag): whole-model tenants read "
+        "its ids.",
     )
     onnx_url: str | None = Field(
         None,
@@ -81,9 +76,8 @@ class TokenizerSettings(ServiceSettings):
         False,
         description="Log every public request (method, path, status, sizes, latency; never headers): "
         "BentoML's access log, the same line on the lean path. Off by default: a line per request "
-        "is a real share of a one-sentence request's CPU (make bench measures the lean path against "
-        "BentoML's own path, traced and logged: loadtests/README.md); request counts and latency per "
-        "endpoint and status are in the Prometheus metrics either way, and errors are logged.",
+        "is a real share of a one-sentence request's CPU; request counts and latency per endpoint "
+        "and status are in the Prometheus metrics either way, and errors are logged.",
     )
     tenant_keys_file: Path | None = Field(
         None,

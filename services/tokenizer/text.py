@@ -1,4 +1,6 @@
-"""The 'pre' stage: text to token ids, with MiniLM's WordPiece or the SentencePiece model."""
+"""The 'pre' stage: text to token ids. Each catalogue model has its own tokenizer
+(services/tokenizer/models.py); this is the rest: the SentencePiece model that tenants' whole models
+read, and where a request's tokenizing runs (inline, or in a thread for large work)."""
 
 from __future__ import annotations
 
@@ -7,33 +9,28 @@ import os
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from serving.contracts import MAX_SEQ_LEN
-from serving.features import load_tokenizer, tokenize
-
 # Below this many characters a request is tokenized on the event loop: a thread hop would cost more
 # than the work. Above it (long texts, big batches), in a thread, so other requests keep flowing.
 INLINE_CHARS = 8192
 
 
+def keep_to_one_core() -> None:
+    """The fast tokenizer's own thread pool would take a second core for a batch; in a server that
+    core belongs to the engines. Its documented switch, unless the environment already says."""
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
 class Tokenizers:
-    def __init__(
-        self, wordpiece_json: Path, sentencepiece_model: Path, max_len: int = MAX_SEQ_LEN
-    ) -> None:
+    def __init__(self, sentencepiece_model: Path) -> None:
         import sentencepiece
 
-        # The fast tokenizer's own thread pool would take a second core for a batch; in a server
-        # that core belongs to the engines. Its documented switch, unless the environment already
-        # says.
-        os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-        self.wordpiece = load_tokenizer(wordpiece_json, max_len)
+        keep_to_one_core()
         self.spm = sentencepiece.SentencePieceProcessor(model_file=str(sentencepiece_model))
-
-    def minilm(self, texts: Sequence[str]) -> list[list[int]]:
-        return tokenize(self.wordpiece, texts)
 
     def sentencepiece(self, texts: Sequence[str]) -> list[list[int]]:
         # sentencepiece itself, not the transformers tokenizer stored beside it: the reference.
-        return self.spm.encode(list(texts))
+        ids: list[list[int]] = self.spm.encode(list(texts))
+        return ids
 
     def tenant_pieces(self, texts: Sequence[str]) -> list[list[int]]:
         """SentencePiece ids as tenant models take them: a text of nothing the model has pieces for
@@ -42,8 +39,9 @@ class Tokenizers:
         unknown = [self.spm.unk_id()]
         return [ids or unknown for ids in self.sentencepiece(texts)]
 
+    @staticmethod
     async def run(
-        self, encode: Callable[[Sequence[str]], list[list[int]]], texts: Sequence[str]
+        encode: Callable[[Sequence[str]], list[list[int]]], texts: Sequence[str]
     ) -> list[list[int]]:
         if sum(len(t) for t in texts) <= INLINE_CHARS:
             return encode(texts)

@@ -173,17 +173,19 @@ class Batcher:
         solo: Engine | None = None,
         recorder: NullRecorder | None = None,
         pad_id: int = 0,
+        token_types: bool = True,
         tokens_per_s: float | None = None,
     ) -> None:
         """``lanes``: shared with the instance's other batchers (default: one of its own).
         ``solo``: the engine for a call that runs alone, using every lane's core (default:
-        ``engine``).
+        ``engine``). ``pad_id``, ``token_types``: how the model's inputs are padded (its spec).
         ``tokens_per_s`` seeds the speed estimate used for admission until calls are measured
         (the runners calibrate it at start; default: Admission's)."""
         self.engine = engine
         self.solo = solo or engine
         self.policy = policy
         self.pad_id = pad_id
+        self.token_types = token_types
         self.recorder = recorder or NullRecorder()
         self._own_lanes = lanes is None  # closed with this batcher; shared ones are not
         self.lanes = lanes or Lanes()
@@ -436,7 +438,8 @@ class Batcher:
         began = clock()
         if all(r.future.done() or began > r.deadline for r, _ in call.members):
             return None, began, began, 0.0
-        feeds = pad([request.sequences[row] for request, row in call.members], self.pad_id)
+        rows = [request.sequences[row] for request, row in call.members]
+        feeds = pad(rows, self.pad_id, self.token_types)
         cpu = time.thread_time()
         # A solo call holds every lane: no other engine call of the instance runs beside it, so
         # the CPU of every thread but the event loop's is the engine's, its session's own

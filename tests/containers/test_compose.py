@@ -37,7 +37,9 @@ def test_smoke_embed_similarity_tokenize(stack: Stack) -> None:
         assert np.allclose(np.linalg.norm(vectors, axis=1), 1, atol=1e-3)
     scores = client.post("/similarity", json={"pairs": [PAIR], "threshold": 0.5}).json()
     assert abs(scores["scores"][0] - 0.755) < 0.01 and scores["labels"] == [1]
-    ids = client.post("/tokenize", json={"texts": ["hello world"], "tokenizer": "minilm"}).json()
+    ids = client.post(
+        "/tokenize", json={"texts": ["hello world"], "model": "all-MiniLM-L6-v2"}
+    ).json()
     assert ids["ids"] == [[101, 7592, 2088, 102]]
 
 

@@ -250,7 +250,8 @@ def test_tf_servings_routes_on_a_runner(onnx_runner: str, mode: GenerationMode) 
     print(f"fuzz seed {SEED}, {mode.value}: {counts}")
     assert all(counts.values()), counts
     reply = httpx.post(
-        f"{onnx_runner}/v1/models/minilm:predict", json={"inputs": {"input_ids": [[101, 102]]}}
+        f"{onnx_runner}/v1/models/all-MiniLM-L6-v2:predict",
+        json={"inputs": {"input_ids": [[101, 102]]}},
     )
     assert reply.status_code == 200, reply.text
 

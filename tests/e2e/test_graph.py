@@ -12,10 +12,12 @@ import numpy as np
 import pytest
 import sentencepiece
 
-from models import corpus, store
-from serving import contracts
-from serving.features import cosine, load_tokenizer, pad, tokenize
+from models import corpus, encoder, store
+from serving import catalogue, contracts
+from serving.features import cosine, pad, tokenize
 from serving.tallies import FLUSH_S
+
+MODEL = catalogue.current().models[0]  # the default embed model: all-MiniLM-L6-v2
 
 KNOWN = ("A man is eating food.", "A man is eating a piece of bread.")
 MIXED = [
@@ -27,22 +29,25 @@ MIXED = [
 
 
 @pytest.fixture(scope="module")
-def engines():
+def served():
+    """The default model's tokenizer and spec, as the services read them from the store."""
+    return encoder.tokenizer_of(MODEL.name)
+
+
+@pytest.fixture(scope="module")
+def engines(served):
     from serving.engines.onnx import OnnxEngine
     from serving.engines.tf import TFEngine
 
-    onnx = lambda name: OnnxEngine(  # noqa: E731
-        store.path_of(name) / "model.onnx",
-        contracts.SENTENCE_EMBEDDING,
+    contract = served[1].contract()
+    onnx = lambda backend: OnnxEngine(  # noqa: E731
+        store.path_of(MODEL.store_name(backend)) / "model.onnx",
+        contract,
         threads=1,
         providers=["CPUExecutionProvider"],
     )
-    tf = TFEngine(
-        store.path_of(contracts.TF_SAVEDMODEL) / "saved_model",
-        contracts.SENTENCE_EMBEDDING,
-        threads=1,
-    )
-    return {"onnx": onnx(contracts.ONNX_FP32), "onnx-int8": onnx(contracts.ONNX_INT8), "tf": tf}
+    tf = TFEngine(store.path_of(MODEL.store_name("tf")) / "saved_model", contract, threads=1)
+    return {"onnx": onnx("onnx"), "onnx-int8": onnx("onnx-int8"), "tf": tf}
 
 
 def in_process(engine, ids: list[list[int]], grouped: bool) -> np.ndarray:
@@ -65,19 +70,21 @@ def in_process(engine, ids: list[list[int]], grouped: bool) -> np.ndarray:
 
 
 @pytest.mark.parametrize("backend", ["onnx", "onnx-int8", "tf"])
-def test_embed_equals_in_process_engine(client: httpx.Client, engines, backend: str) -> None:
+def test_embed_equals_in_process_engine(
+    client: httpx.Client, engines, served, backend: str
+) -> None:
     resp = client.post("/embed", json={"texts": MIXED, "backend": backend})
     assert resp.status_code == 200, resp.text
     body = resp.json()
-    assert body["backend"] == backend
-    served = np.array(body["embeddings"], dtype=np.float32)
-    ids = tokenize(load_tokenizer(store.path_of(contracts.TOKENIZER) / "tokenizer.json"), MIXED)
-    assert served.shape == (len(MIXED), 384)
+    assert (body["model"], body["backend"]) == (MODEL.name, backend)
+    vectors = np.array(body["embeddings"], dtype=np.float32)
+    ids = tokenize(served[0], MIXED)
+    assert vectors.shape == (len(MIXED), 384)
     # fp32 and TF mask padding out, so batching must not change a vector: compare with one at a time.
     # Dynamic int8 computes activation scales per engine call over the padded batch, so its vectors
     # depend on their batch-mates: compare with the same engine calls the runner made.
     np.testing.assert_allclose(
-        served, in_process(engines[backend], ids, grouped=backend == "onnx-int8"), atol=1e-5
+        vectors, in_process(engines[backend], ids, grouped=backend == "onnx-int8"), atol=1e-5
     )
     assert body["tokens"] == [len(seq) for seq in ids]
     for header in ("x-tokenization-time", "x-queue-time", "x-inference-time", "x-total-time"):
@@ -85,15 +92,14 @@ def test_embed_equals_in_process_engine(client: httpx.Client, engines, backend: 
 
 
 def test_served_int8_stays_within_its_accuracy_gate_whatever_its_batch(
-    client: httpx.Client, engines
+    client: httpx.Client, engines, served
 ) -> None:
     """The int8 build gate (against fp32: mean cosine >= 0.99, min >= 0.95) holds for served vectors."""
-    served = np.array(
+    vectors = np.array(
         client.post("/embed", json={"texts": MIXED, "backend": "onnx-int8"}).json()["embeddings"]
     )
-    ids = tokenize(load_tokenizer(store.path_of(contracts.TOKENIZER) / "tokenizer.json"), MIXED)
-    fp32 = in_process(engines["onnx"], ids, grouped=False)
-    scores = cosine(served, fp32)
+    fp32 = in_process(engines["onnx"], tokenize(served[0], MIXED), grouped=False)
+    scores = cosine(vectors, fp32)
     assert scores.mean() >= 0.99 and scores.min() >= 0.95, scores
 
 
@@ -125,11 +131,17 @@ def test_tokenize_sentencepiece_equals_sentencepiece(client: httpx.Client) -> No
     assert resp.json()["ids"] == processor.encode(texts)
 
 
-def test_tokenize_minilm_truncates_at_the_model_limit(client: httpx.Client) -> None:
+def test_tokenize_by_the_models_tokenizer_truncates_at_its_limit(
+    client: httpx.Client, served
+) -> None:
     long_text = "word " * 1000
     ids = client.post("/tokenize", json={"texts": [long_text, "hello world"]}).json()["ids"]
-    assert len(ids[0]) == contracts.MAX_SEQ_LEN
+    assert len(ids[0]) == served[1].max_length == 256
     assert ids[1] == [101, 7592, 2088, 102]
+    named = client.post("/tokenize", json={"texts": ["hello world"], "model": MODEL.name})
+    assert named.json()["ids"] == [ids[1]]
+    unknown = client.post("/tokenize", json={"texts": ["hello"], "model": "gpt-5"})
+    assert unknown.status_code == 404 and "'gpt-5' is not served here" in unknown.text
 
 
 def test_inference_contract(client: httpx.Client) -> None:
@@ -150,12 +162,19 @@ BAD = [
     ("/embed", {"texts": ["x" * 10_001]}, "texts"),
     ("/embed", {"texts": ["a"] * 257}, "texts"),
     ("/embed", {"texts": ["a"], "backend": "pytorch"}, "backend"),
+    ("/embed", {"texts": ["a"], "backend": None}, "backend"),
+    ("/embed", {"texts": ["a"], "model": ""}, "model"),
+    ("/embed", {"texts": ["a"], "model": None}, "model"),
+    ("/embed", {"texts": ["a"], "model": "gpt-5"}, "gpt-5"),
+    ("/embed", {"texts": ["a"], "dimensions": 128}, "dimensions"),
+    ("/embed", {"texts": ["a"], "dimensions": 0}, "dimensions"),
+    ("/similarity", {"pairs": [["a", "b"]], "model": "gpt-5"}, "gpt-5"),
     ("/embed", {"texts": ["a"], "unknown": 1}, "unknown"),
     ("/embed", {}, "texts"),
     ("/similarity", {"pairs": [["a"]]}, "pairs"),
     ("/similarity", {"pairs": [["a", "b"]], "threshold": 2}, "threshold"),
     ("/similarity", {"pairs": []}, "pairs"),
-    ("/tokenize", {"texts": ["a"], "tokenizer": "bpe"}, "tokenizer"),
+    ("/tokenize", {"texts": ["a"], "tokenizer": "minilm"}, "tokenizer"),
     ("/inference", {"input_text": ""}, "input_text"),
     ("/inference", {"text": "hello"}, "input_text"),
     # JSON types are strict: what the OpenAPI schema says is exactly what is accepted
@@ -269,7 +288,9 @@ def test_concurrent_requests_are_batched_and_none_fail(client: httpx.Client, gra
 
         def read(name: str) -> float:
             m = re.search(
-                rf'^{name}\{{model="fp32",runner="onnx_runner"\}} ([0-9.e+]+)$', text, re.M
+                rf'^{name}\{{model="{MODEL.name}/onnx",runner="onnx_runner"\}} ([0-9.e+]+)$',
+                text,
+                re.M,
             )
             return float(m.group(1)) if m else 0.0
 
@@ -303,6 +324,10 @@ def test_swagger_ui_and_openapi_are_served(client: httpx.Client) -> None:
     # Unknown fields are refused, and the schema says so.
     body = spec["paths"]["/embed"]["post"]["requestBody"]["content"]["application/json"]["schema"]
     assert body.get("additionalProperties") is False
+    # The models served, and what they offer, are listed where a request names one.
+    assert body["properties"]["model"]["enum"] == [MODEL.name]
+    assert body["properties"]["backend"]["enum"] == list(MODEL.backends)
+    assert body["properties"]["dimensions"]["enum"] == [384]
 
 
 def test_every_swagger_example_is_a_request_that_works(client: httpx.Client) -> None:

@@ -39,8 +39,9 @@ def sdk(graph_url: str) -> Iterator[openai.OpenAI]:
         yield client
 
 
-def embed(graph_url: str, texts: list[str], backend: str = "onnx") -> np.ndarray:
-    reply = httpx.post(f"{graph_url}/embed", json={"texts": texts, "backend": backend}, timeout=60)
+def embed(graph_url: str, texts: list[str], model: str, backend: str) -> np.ndarray:
+    body = {"texts": texts, "model": model, "backend": backend}
+    reply = httpx.post(f"{graph_url}/embed", json=body, timeout=60)
     assert reply.status_code == 200, reply.text
     return np.array(reply.json()["embeddings"])
 
@@ -54,13 +55,13 @@ def test_a_list_gives_the_same_vectors_as_embed(
     assert [d.index for d in reply.data] == [0, 1, 2]
     assert reply.model == model
     got = np.array([d.embedding for d in reply.data])
-    np.testing.assert_allclose(got, embed(graph_url, TEXTS, MODELS[model]), atol=1e-6)
+    np.testing.assert_allclose(got, embed(graph_url, TEXTS, *MODELS[model]), atol=1e-6)
     tokens = httpx.post(f"{graph_url}/tokenize", json={"texts": TEXTS}).json()["ids"]
     assert reply.usage.prompt_tokens == reply.usage.total_tokens == sum(map(len, tokens))
 
 
 def test_a_string_as_floats_and_as_base64(sdk: openai.OpenAI, graph_url: str) -> None:
-    want = embed(graph_url, ["hello world"])[0]
+    want = embed(graph_url, ["hello world"], "all-MiniLM-L6-v2", "onnx")[0]
     # Not told, the SDK asks for base64 and decodes it itself; told "float", it gets JSON numbers.
     for kwargs in ({}, {"encoding_format": "float"}):
         reply = sdk.embeddings.create(model="all-MiniLM-L6-v2", input="hello world", **kwargs)
@@ -83,7 +84,9 @@ def test_null_optional_arguments_are_the_defaults(graph_url: str) -> None:
     reply = httpx.post(f"{graph_url}/v1/embeddings", json=body)
     assert reply.status_code == 200, reply.text
     vector = reply.json()["data"][0]["embedding"]
-    np.testing.assert_allclose(vector, embed(graph_url, ["hello world"])[0], atol=1e-6)
+    np.testing.assert_allclose(
+        vector, embed(graph_url, ["hello world"], "all-MiniLM-L6-v2", "onnx")[0], atol=1e-6
+    )
 
 
 def test_models_are_listed_and_retrieved(sdk: openai.OpenAI) -> None:

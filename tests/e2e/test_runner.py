@@ -68,15 +68,19 @@ def tf_runner() -> Iterator[str]:
 
 def test_the_tf_runner_speaks_tf_serving_too(tf_runner: str, runner: str) -> None:
     rows = {"instances": [{"input_ids": IDS}]}
-    tf = httpx.post(f"{tf_runner}/v1/models/minilm:predict", json=rows)
+    tf = httpx.post(f"{tf_runner}/v1/models/all-MiniLM-L6-v2:predict", json=rows)
     assert tf.status_code == 200, tf.text
     own = httpx.post(f"{tf_runner}/embed", json={"ids": [IDS]}).json()["embeddings"]
     np.testing.assert_allclose(tf.json()["predictions"], own, atol=1e-6)
-    onnx = httpx.post(f"{runner}/v1/models/minilm:predict", json=rows).json()["predictions"]
+    onnx = httpx.post(f"{runner}/v1/models/all-MiniLM-L6-v2:predict", json=rows).json()[
+        "predictions"
+    ]
     np.testing.assert_allclose(tf.json()["predictions"], onnx, atol=1e-4)  # same model, two engines
     meta = httpx.get(f"{tf_runner}/v1/models/model/metadata").json()
     assert meta["model_spec"]["name"] == "model"
-    assert httpx.get(f"{tf_runner}/v1/models/minilm-int8").status_code == 404  # ONNX's only
+    assert (
+        httpx.get(f"{tf_runner}/v1/models/all-MiniLM-L6-v2-int8").status_code == 404
+    )  # ONNX's only
 
 
 def test_overload_is_shed_with_retry_after_and_the_runner_recovers(runner: str) -> None:

@@ -54,10 +54,15 @@ def test_each_bento_has_only_its_own_engine_and_models(built: dict[str, Path]) -
     assert "onnxruntime" in tenants and "tensorflow-cpu" in tenants  # serves both kinds
     assert "torch" not in set().union(tokenizer, onnx, tf, tenants)  # export-time only
 
-    assert models(built["onnx-runner"]) == {"minilm-onnx", "minilm-onnx-int8"}
-    assert models(built["tf-runner"]) == {"minilm-tf"}
-    assert "minilm-onnx" not in models(built["tokenizer"])  # runners reached by URL, not bundled
-    assert models(built["bento-bundle"]) >= {"minilm-onnx", "minilm-tf"}
+    # The default catalogue's one model: each bento holds its entries for what it serves.
+    assert models(built["onnx-runner"]) == {"all-minilm-l6-v2-onnx", "all-minilm-l6-v2-onnx-int8"}
+    assert models(built["tf-runner"]) == {"all-minilm-l6-v2-tf"}
+    # The tokenizer holds the model's tokenizer; the runners are reached by URL, not bundled.
+    assert "all-minilm-l6-v2-tokenizer" in models(built["tokenizer"])
+    assert "all-minilm-l6-v2-onnx" not in models(built["tokenizer"])
+    assert models(built["bento-bundle"]) >= {"all-minilm-l6-v2-onnx", "all-minilm-l6-v2-tf"}
+    for bento in built.values():  # what the services read at start to know what they serve
+        assert (bento / "src" / "models" / "catalogue.yaml").is_file(), bento
 
 
 def test_the_build_script_refuses_an_unknown_bento(capsys: pytest.CaptureFixture[str]) -> None:

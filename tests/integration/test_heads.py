@@ -1,18 +1,28 @@
-"""Head tenants with the real MiniLM (in-process): the accuracy gate on templates never trained on,
+"""Head tenants over the default catalogue model (in-process): the accuracy gate on templates never trained on,
 refusals that leave nothing written, a head's archive round trip, and a new version picked up."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 from models import demo_tenants as demo
-from models.minilm import Embedder
+from models.encoder import Embedder
 from runners.tenants import heads, registry
-from runners.tenants.store import HEAD_FILE, InvalidModel, TenantStore
-from serving.contracts import EMBEDDING_DIM
+from runners.tenants.store import (
+    ENCODER_BEFORE_CATALOGUE,
+    HEAD_FILE,
+    InvalidModel,
+    Manifest,
+    TenantStore,
+    read_manifest,
+    write_manifest,
+)
+
+WIDTH = 16  # the refusals below need vectors, not an encoder's
 
 GATED = range(1, 41)  # demo tenants 1-40
 
@@ -38,7 +48,7 @@ def test_heads_classify_templates_they_never_saw(embed: Embedder) -> None:
         labels, weights, bias = heads.train(
             embed([t for t, _ in spec.train]), [i for _, i in spec.train]
         )
-        head = heads.Head("v", labels, weights, bias)
+        head = heads.Head("v", labels, weights, bias, embed.name)
         unseen.append(accuracy(head, embed, spec.unseen_templates))
         heldout.append(accuracy(head, embed, spec.heldout_phrases))
     print(f"unseen templates: mean {np.mean(unseen):.3f}, min {min(unseen):.3f}; "
@@ -54,8 +64,8 @@ def nothing_written(store: TenantStore) -> bool:
 @pytest.mark.parametrize(
     ("vectors", "intents", "why"),
     [
-        (np.zeros((2, EMBEDDING_DIM)), ["a", "a"], "at least two intents"),
-        (np.zeros((3, EMBEDDING_DIM)), ["a", "b"], "3 texts but 2 intents"),
+        (np.zeros((2, WIDTH)), ["a", "a"], "at least two intents"),
+        (np.zeros((3, WIDTH)), ["a", "b"], "3 texts but 2 intents"),
     ],
 )
 def test_bad_training_is_refused_and_nothing_is_written(
@@ -63,7 +73,7 @@ def test_bad_training_is_refused_and_nothing_is_written(
 ) -> None:
     store = TenantStore(tmp_path)
     with pytest.raises(InvalidModel, match=why):
-        registry.train_head(store, "acme", vectors, intents)
+        registry.train_head(store, "acme", vectors, intents, encoder="e")
     assert nothing_written(store)
 
 
@@ -73,8 +83,9 @@ def test_a_head_exports_uploads_and_a_new_version_is_picked_up(
     spec = demo.tenant(3)
     store = TenantStore(tmp_path / "store")
     first = registry.train_head(
-        store, "acme", embed([t for t, _ in spec.train]), [i for _, i in spec.train]
-    )
+        store, "acme", embed([t for t, _ in spec.train]), [i for _, i in spec.train],
+        encoder=embed.name,
+    )  # fmt: skip
     bank = heads.HeadBank()
     version, directory = store.require("acme")
     assert (
@@ -92,12 +103,33 @@ def test_a_head_exports_uploads_and_a_new_version_is_picked_up(
     # A new version: the bank reads it on the next request for the tenant, once.
     other = demo.tenant(4)
     second = registry.train_head(
-        store, "acme", embed([t for t, _ in other.train]), [i for _, i in other.train]
-    )
+        store, "acme", embed([t for t, _ in other.train]), [i for _, i in other.train],
+        encoder=embed.name,
+    )  # fmt: skip
     reads = bank.reads
     assert bank.get("acme", *store.require("acme")).version == second.version != first.version
     assert bank.get("acme", *store.require("acme")).labels == second.labels
     assert bank.reads == reads + 1
+    # The manifest names the encoder, and the head in memory carries it.
+    assert read_manifest(store.require("acme")[1]).encoder == embed.name
+    assert bank.heads["acme"].encoder == embed.name
+
+
+def test_a_head_written_before_manifests_named_encoders_reads_as_trained_on_minilm(
+    tmp_path: Path,
+) -> None:
+    """Heads stored by earlier versions have no encoder in their manifest: every one of them was
+    trained on all-MiniLM-L6-v2's vectors, and reads as such (nothing a user stored is lost)."""
+    store = TenantStore(tmp_path)
+    vectors = np.eye(4, WIDTH, dtype=np.float32)
+    registry.train_head(store, "acme", vectors, ["a", "b"] * 2, encoder="x")
+    _, directory = store.require("acme")
+    written = json.loads((directory / "manifest.json").read_text())
+    del written["encoder"]
+    (directory / "manifest.json").write_text(json.dumps(written))
+    assert read_manifest(directory).encoder == ENCODER_BEFORE_CATALOGUE == "all-MiniLM-L6-v2"
+    with pytest.raises(ValueError, match="reads SentencePiece ids"):
+        write_manifest(directory, Manifest(format="onnx", labels=["a", "b"], encoder="x"))
 
 
 @pytest.mark.parametrize(
@@ -112,15 +144,13 @@ def test_a_broken_head_upload_is_refused_and_nothing_is_written(
     tmp_path: Path, breakage: str, why: str
 ) -> None:
     source = TenantStore(tmp_path / "source")
-    vectors = np.eye(4, EMBEDDING_DIM, dtype=np.float32)
-    registry.train_head(source, "acme", vectors, ["a", "b", "a", "b"])
+    vectors = np.eye(4, WIDTH, dtype=np.float32)
+    registry.train_head(source, "acme", vectors, ["a", "b", "a", "b"], encoder="e")
     _, directory = source.require("acme")
     if breakage == "shape":
-        heads.save(directory, np.zeros((EMBEDDING_DIM, 3), np.float32), np.zeros(3, np.float32))
+        heads.save(directory, np.zeros((WIDTH, 3), np.float32), np.zeros(3, np.float32))
     elif breakage == "nan":
-        heads.save(
-            directory, np.full((EMBEDDING_DIM, 2), np.nan, np.float32), np.zeros(2, np.float32)
-        )
+        heads.save(directory, np.full((WIDTH, 2), np.nan, np.float32), np.zeros(2, np.float32))
     else:
         (directory / HEAD_FILE).unlink()
     archive = source.archive("acme", tmp_path / "broken.tar.gz")

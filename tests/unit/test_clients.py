@@ -128,7 +128,9 @@ def runner_app(service: Any, answers: dict[str, Any], seen: list[tuple[str, str,
         async def endpoint(request: Request) -> Any:
             serde = ALL_SERDE[request.headers["content-type"]]()
             data = await method.input_spec.from_http_request(request, serde)
-            seen.append((name, request.headers.get("x-bundle-tenant"), data.model_dump()))
+            # What a proxy routes by: the tenant of a tenant call, the model of an embed call.
+            routed = request.headers.get("x-bundle-tenant", request.headers.get("x-bundle-model"))
+            seen.append((name, routed, data.model_dump()))
             return await method.output_spec.to_http_response(answers[name], serde)
 
         return Route(f"/{name}", endpoint, methods=["POST"])
@@ -178,21 +180,25 @@ def test_hot_calls_are_read_by_the_runner_and_answer_as_bentomls_client(transpor
 
     seen: list[tuple[str, str, Any]] = []
     vectors = np.full((1, 384), 0.5, np.float32)
+    model = "some-encoder"
 
     hops: list[Any] = []  # each client's hop pool after its call: None on BentoML's session
 
     async def main(onnx: Any, tf: Any, tenants: Any) -> list[Any]:
         clients = [
-            OnnxRunnerClient(onnx, "int8"), TFRunnerClient(tf), TenantRunnerClient(tenants),
+            OnnxRunnerClient(onnx, model, "int8"), TFRunnerClient(tf, model),
+            TenantRunnerClient(tenants),
         ]  # fmt: skip
         async with onnx.to_async, tf.to_async, tenants.to_async:
             ours = [
                 await clients[0].embed([[101, 102]], 2.0),
                 await clients[1].embed([[101, 102]], -1.0),
                 await clients[2].classify("acme", [[5, 6]], None),
-                await clients[2].classify("acme", None, vectors),
+                await clients[2].classify("acme", None, vectors, model),
             ]
-            theirs = await onnx.to_async.embed(ids=[[101, 102]], variant="int8", deadline_s=2.0)
+            theirs = await onnx.to_async.embed(
+                ids=[[101, 102]], model=model, variant="int8", deadline_s=2.0
+            )
         hops.extend(client.hot._hop for client in clients)
         return [*ours, theirs]
 
@@ -217,13 +223,15 @@ def test_hot_calls_are_read_by_the_runner_and_answer_as_bentomls_client(transpor
     embeddings = theirs["embeddings"] if isinstance(theirs, dict) else theirs.embeddings
     np.testing.assert_array_equal(np.asarray(embeddings, np.float32), onnx.vectors)
     assert type(by_ids) is Classified and by_ids == by_vectors == CLASSIFIED
-    ids = {"ids": [[101, 102]], "variant": "int8", "deadline_s": 2.0}
+    ids = {"ids": [[101, 102]], "model": model, "variant": "int8", "deadline_s": 2.0}
+    by_vectors = {"tenant": "acme", "ids": None, "vectors": vectors.tolist(), "encoder": model}
     assert seen == [
-        ("embed", None, ids),
-        ("embed", None, {"ids": [[101, 102]], "deadline_s": 0.001}),  # a spent budget still goes
-        ("classify", "acme", {"tenant": "acme", "ids": [[5, 6]], "vectors": None}),
-        ("classify", "acme", {"tenant": "acme", "ids": None, "vectors": vectors.tolist()}),
-        ("embed", None, ids),  # BentoML's own client: the same arguments
+        ("embed", model, ids),
+        # a spent budget still goes
+        ("embed", model, {"ids": [[101, 102]], "model": model, "deadline_s": 0.001}),
+        ("classify", "acme", {"tenant": "acme", "ids": [[5, 6]], "vectors": None, "encoder": None}),
+        ("classify", "acme", by_vectors),
+        ("embed", None, ids),  # BentoML's own client: the same arguments (no header)
     ]
 
 
@@ -291,14 +299,19 @@ def test_bentoml_client_sends_the_tenant_header_to_the_runner() -> None:
         async with proxy.to_async:
             client = TenantRunnerClient(proxy)
             by_ids = await client.classify("acme", [[5, 6]], None)
-            by_vectors = await client.classify("acme", None, np.full((1, 384), 0.5, np.float32))
+            vectors = np.full((1, 384), 0.5, np.float32)
+            by_vectors = await client.classify("acme", None, vectors, "some-encoder")
         return by_ids, by_vectors
 
     by_ids, by_vectors = asyncio.run(main())
     assert by_ids.model_dump() == by_vectors.model_dump() == CLASSIFIED.model_dump()
     assert seen == [
         ("/classify", "acme", {"tenant": "acme", "ids": [[5, 6]]}),
-        ("/classify", "acme", {"tenant": "acme", "vectors": [[0.5] * 384]}),
+        (
+            "/classify",
+            "acme",
+            {"tenant": "acme", "vectors": [[0.5] * 384], "encoder": "some-encoder"},
+        ),
     ]
 
 
@@ -331,7 +344,7 @@ def test_a_hot_calls_refusal_passes_through_with_its_status(transport: str) -> N
     async def main(onnx: Any, tenants: Any) -> tuple[BaseException, BaseException]:
         async with onnx.to_async, tenants.to_async:
             with pytest.raises(Overloaded) as overloaded:
-                await OnnxRunnerClient(onnx, "fp32").embed([[101, 102]], 2.0)
+                await OnnxRunnerClient(onnx, "m", "fp32").embed([[101, 102]], 2.0)
             with pytest.raises(ApiError) as refused:
                 await TenantRunnerClient(tenants).classify("acme", [[5]], None)
         return overloaded.value, refused.value

@@ -12,13 +12,13 @@ from loadtests.cpu import Usage
 EXPOSITION = """\
 # HELP bundle_engine_cpu_seconds_total CPU seconds inside engine calls: the lane's thread (a solo call: every thread but the event loop's)
 # TYPE bundle_engine_cpu_seconds_total counter
-bundle_engine_cpu_seconds_total{model="fp32",runner="onnx_runner"} 12.5
-bundle_engine_cpu_seconds_total{model="int8",runner="onnx_runner"} 2.5
-bundle_engine_cpu_seconds_total{model="minilm",runner="tf_runner"} 1.0
+bundle_engine_cpu_seconds_total{model="all-MiniLM-L6-v2/onnx",runner="onnx_runner"} 12.5
+bundle_engine_cpu_seconds_total{model="all-MiniLM-L6-v2/onnx-int8",runner="onnx_runner"} 2.5
+bundle_engine_cpu_seconds_total{model="all-MiniLM-L6-v2/tf",runner="tf_runner"} 1.0
 # HELP bundle_engine_seconds Engine time per call
 # TYPE bundle_engine_seconds histogram
-bundle_engine_seconds_sum{model="fp32",runner="onnx_runner"} 99.0
-bundle_engine_seconds_count{model="fp32",runner="onnx_runner"} 7.0
+bundle_engine_seconds_sum{model="all-MiniLM-L6-v2/onnx",runner="onnx_runner"} 99.0
+bundle_engine_seconds_count{model="all-MiniLM-L6-v2/onnx",runner="onnx_runner"} 7.0
 """
 
 
@@ -32,18 +32,18 @@ BATCHING = """\
 # TYPE bentoml_service_request_total counter
 bentoml_service_request_total{endpoint="/embed",http_response_code="200",runner_name="onnx_runner",service_name="x",service_version="1"} 30.0
 bentoml_service_request_total{endpoint="/embed",http_response_code="503",runner_name="onnx_runner",service_name="x",service_version="1"} 2.0
-bentoml_service_request_total{endpoint="/v1/models/minilm:predict",http_response_code="200",runner_name="onnx_runner",service_name="x",service_version="1"} 5.0
+bentoml_service_request_total{endpoint="/v1/models/all-MiniLM-L6-v2:predict",http_response_code="200",runner_name="onnx_runner",service_name="x",service_version="1"} 5.0
 bentoml_service_request_total{endpoint="/embed",http_response_code="200",runner_name="tf_runner",service_name="x",service_version="1"} 7.0
 bentoml_service_request_total{endpoint="/embed",http_response_code="200",runner_name="tokenizer",service_name="x",service_version="1"} 900.0
 # HELP bundle_batch_rows Sequences per engine call
 # TYPE bundle_batch_rows histogram
-bundle_batch_rows_bucket{le="8.0",model="fp32",runner="onnx_runner"} 100.0
-bundle_batch_rows_count{model="fp32",runner="onnx_runner"} 150.0
-bundle_batch_rows_sum{model="fp32",runner="onnx_runner"} 800.0
-bundle_batch_rows_count{model="int8",runner="onnx_runner"} 10.0
-bundle_batch_rows_sum{model="int8",runner="onnx_runner"} 128.0
-bundle_batch_rows_count{model="minilm",runner="tf_runner"} 3.0
-bundle_batch_rows_sum{model="minilm",runner="tf_runner"} 9.0
+bundle_batch_rows_bucket{le="8.0",model="all-MiniLM-L6-v2/onnx",runner="onnx_runner"} 100.0
+bundle_batch_rows_count{model="all-MiniLM-L6-v2/onnx",runner="onnx_runner"} 150.0
+bundle_batch_rows_sum{model="all-MiniLM-L6-v2/onnx",runner="onnx_runner"} 800.0
+bundle_batch_rows_count{model="all-MiniLM-L6-v2/onnx-int8",runner="onnx_runner"} 10.0
+bundle_batch_rows_sum{model="all-MiniLM-L6-v2/onnx-int8",runner="onnx_runner"} 128.0
+bundle_batch_rows_count{model="all-MiniLM-L6-v2/tf",runner="tf_runner"} 3.0
+bundle_batch_rows_sum{model="all-MiniLM-L6-v2/tf",runner="tf_runner"} 9.0
 """
 
 

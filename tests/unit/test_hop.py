@@ -235,7 +235,7 @@ def test_the_tokenizer_retries_a_dropped_call_once_then_answers_503(sock: str) -
         async with server:
             proxy = RemoteProxy(path_to_uri(sock), service=OnnxRunner, media_type=PICKLE)
             with pytest.raises(RunnerUnavailable) as info:
-                await OnnxRunnerClient(proxy, "fp32").embed([[101, 102]], 2.0)
+                await OnnxRunnerClient(proxy, "m", "fp32").embed([[101, 102]], 2.0)
         return info.value
 
     unavailable = asyncio.run(main())

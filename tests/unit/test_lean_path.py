@@ -24,12 +24,15 @@ SERVICES = {
         "BUNDLE_ONNX_",
         [
             "/embed",
-            "/v1/models/minilm:predict",
-            "/v1/models/minilm/versions/1:predict",
-            "/v1/models/minilm-int8/labels/stable:predict",
+            "/v1/models/all-MiniLM-L6-v2:predict",
+            "/v1/models/all-MiniLM-L6-v2/versions/1:predict",
+            "/v1/models/all-MiniLM-L6-v2-int8/labels/stable:predict",
         ],
     ),
-    "runners.tf.service:TFRunner": ("BUNDLE_TF_", ["/embed", "/v1/models/minilm:predict"]),
+    "runners.tf.service:TFRunner": (
+        "BUNDLE_TF_",
+        ["/embed", "/v1/models/all-MiniLM-L6-v2:predict"],
+    ),
     "runners.tenants.service:TenantRunner": ("BUNDLE_TENANTS_", ["/classify"]),
 }
 

@@ -8,7 +8,7 @@ import pytest
 from serving.protocol import SpmIds, TokenIds
 
 
-@pytest.mark.parametrize("ids_type", [TokenIds, SpmIds], ids=["MiniLM ids", "SentencePiece ids"])
+@pytest.mark.parametrize("ids_type", [TokenIds, SpmIds], ids=["model ids", "SentencePiece ids"])
 @pytest.mark.parametrize("bad", [True, False, 1023.0, "1023"])
 @pytest.mark.parametrize("mode", ["json", "python"], ids=["over HTTP", "pickled hop"])
 def test_an_id_is_an_integer_not_a_boolean_float_or_string(

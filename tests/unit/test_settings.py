@@ -6,7 +6,8 @@ from pydantic import ValidationError
 from runners.onnx.settings import OnnxRunnerSettings
 from runners.tf.settings import TFRunnerSettings
 from services.tokenizer.settings import TokenizerSettings
-from serving.contracts import SENTENCE_EMBEDDING, ContractError, check_contract
+from serving.catalogue import ModelSpec
+from serving.contracts import ContractError, check_contract
 from serving.settings import available_cores
 
 
@@ -64,6 +65,24 @@ def test_runner_service_config_never_recycles_the_callers_connections() -> None:
     assert config["runner_connection"]["max_requests"] >= 2**31
     assert config["runner_connection"]["max_age"] >= 3600 * 24 * 365
     assert config["logging"]["access"]["enabled"] is False
+
+
+SPEC = ModelSpec(
+    name="m", task="embed", architecture="bert", max_length=256, dim=384, vocab_size=30522,
+    pad_id=0, token_types=True, backends=("onnx",),
+)  # fmt: skip
+SENTENCE_EMBEDDING = SPEC.contract()
+
+
+def test_a_models_contract_follows_its_spec() -> None:
+    """Token types only for a model that takes them; the output's name by task, its width the
+    model's."""
+    assert SENTENCE_EMBEDDING.input_names == ["input_ids", "attention_mask", "token_type_ids"]
+    assert SENTENCE_EMBEDDING.outputs[0].shape == (None, 384)
+    roberta = SPEC.model_copy(update={"token_types": False, "task": "classify", "dim": 3})
+    assert roberta.contract().input_names == ["input_ids", "attention_mask"]
+    assert roberta.contract().output_names == ["logits"]
+    assert roberta.contract().outputs[0].shape == (None, 3)
 
 
 def test_contract_mismatch_is_reported_by_name() -> None:

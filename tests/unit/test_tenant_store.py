@@ -178,7 +178,9 @@ def test_a_label_over_the_public_limit_is_refused_on_every_path(
     an upload refuse it too; nothing is written."""
     long = "x" * 101
     with pytest.raises(InvalidModel, match="at most 100 characters"):
-        registry.train_head(store, "acme", np.ones((4, 384), np.float32), ["a", "a", long, long])
+        registry.train_head(
+            store, "acme", np.ones((4, 16), np.float32), ["a", "a", long, long], encoder="e"
+        )
     with pytest.raises(ValueError, match="at most 100 characters"):
         Manifest(format="onnx", labels=["a", long])
     assert store.show("acme").labels == ["a", "b"]  # the current version is untouched

@@ -1,0 +1,91 @@
+"""Several models on one runner: does one model saturated with bulk requests starve another?
+
+A catalogue of two models — the default catalogue's first embed model (A) and the same weights
+under a second name (B), each with its own queues and batches — is built and served as `make serve`
+serves it. B's one-sentence requests are timed from one client alone, then again while A is
+saturated with bulk requests; the figure is B's p99 in both, side by side.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import yaml
+
+from loadtests import loadgen
+from testkit.processes import ROOT, Servers, bentoml_serve
+
+# B: A's weights under another name, on fp32 ONNX only.
+SECOND = "isolation-b"
+# A's bulk load: enough clients to keep its queues full (it sheds some requests: saturated).
+SATURATING_USERS = 64
+
+
+def two_models(out: Path) -> tuple[Path, str]:
+    """A catalogue of the default one's first embed model and a second model with its weights;
+    returns its path and A's name."""
+    from serving import catalogue
+
+    first = catalogue.current().default("embed")
+    if first is None:
+        raise SystemExit(f"error: {catalogue.path()} has no embed model")
+    second = first.model_copy(update={"name": SECOND, "backends": ("onnx",), "dimensions": None})
+    source = first.source
+    if not source.startswith("package:") and not Path(source).is_absolute():
+        local = catalogue.path().parent / source
+        source = str(local.resolve()) if local.exists() else source  # else a hub id
+    entries = [
+        {**m.model_dump(exclude_none=True), "source": source}
+        for m in (first.model_copy(update={"backends": ("onnx",)}), second)
+    ]
+    path = out / "two-models.yaml"
+    path.write_text(yaml.safe_dump({"models": entries}, sort_keys=False))
+    return path, first.name
+
+
+def build(path: Path) -> None:
+    """`make models CATALOGUE=path` (A is reused from the default build; B built once)."""
+    argv = [sys.executable, "-m", "models.build", "--catalogue", str(path), "--only", SECOND]
+    subprocess.run(argv, cwd=ROOT, check=True)
+
+
+def measure(out: Path, seconds: float) -> dict:
+    """B's one-sentence latency alone and beside A's bulk saturation, on one graph."""
+    path, first = two_models(out)
+    build(path)
+    b_bodies = loadgen.write_bodies("chat", out / "bodies" / "isolation-b.jsonl", model=SECOND)
+    a_bodies = loadgen.write_bodies("bulk", out / "bodies" / "isolation-a.jsonl", model=first)
+    env = {"BUNDLE_CATALOGUE": str(path)}
+    with Servers({"two models": bentoml_serve(".", out / "logs" / "two-models.log", env)}) as up:
+        url = up["two models"].url
+        loadgen.run(url, "/embed", b_bodies, 1, 2)  # warm-up
+        alone = loadgen.run(url, "/embed", b_bodies, 1, seconds)
+        loads: dict[str, loadgen.Load] = {}
+        # A starts first and ends last: B is measured only while A is saturated.
+        saturating = threading.Thread(
+            target=lambda: loads.setdefault(
+                "a", loadgen.run(url, "/embed", a_bodies, SATURATING_USERS, seconds + 6)
+            )
+        )
+        saturating.start()
+        time.sleep(3)
+        beside = loadgen.run(url, "/embed", b_bodies, 1, seconds)
+        saturating.join()
+    a = loads["a"]
+    return {
+        "model_a": first,
+        "model_b": SECOND,
+        "b_alone_p50_ms": alone.p50_ms,
+        "b_alone_p99_ms": alone.p99_ms,
+        "b_beside_a_p50_ms": beside.p50_ms,
+        "b_beside_a_p99_ms": beside.p99_ms,
+        "b_p99_ratio": round(beside.p99_ms / alone.p99_ms, 2),
+        "b_failed": alone.failed + beside.failed + alone.shed + beside.shed,
+        "a_sentences_per_s": round(a.ok * loadgen.BULK / a.seconds, 1),
+        "a_shed": a.shed,
+        "seconds": seconds,
+    }

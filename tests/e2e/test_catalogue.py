@@ -1,0 +1,299 @@
+"""The user's own encoders, declared in a catalogue and served with no code change.
+
+Small random-weight checkpoints stand in for the architectures this machine has no weights for
+(tests/checkpoints.py): RoBERTa with a byte-level BPE tokenizer, XLM-RoBERTa with a Unigram one,
+DistilBERT (no token types) with a WordPiece one. A temporary catalogue declares them as local
+checkpoints; the documented commands build (`make models CATALOGUE=...`), check
+(`python -m models.parity`) and serve them (`make serve CATALOGUE=...`), and every embedding route
+answers as PyTorch does.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import numpy as np
+import pytest
+import yaml
+
+from models import recipes, reference, source
+from serving import catalogue
+from serving.features import load_tokenizer, pad, tokenize
+from testkit.processes import ROOT, Server, bentoml_serve, free_port, log_path, run_tree
+from tests import checkpoints
+
+TEXTS = ["A man is eating food.", "How do I reset my password?", "hello", "word " * 200]
+ENTRIES = [
+    {
+        "name": "tiny-roberta",
+        "source": "./roberta",
+        "task": "embed",
+        "pooling": "mean",
+        "backends": ["onnx", "tf"],
+        "dimensions": [16, 8],
+    },
+    {
+        "name": "tiny-xlmr",
+        "source": "./xlm-roberta",
+        "pooling": "cls",
+        "normalize": False,
+        "max_length": 64,
+        "backends": ["onnx", "tf"],
+    },
+    # TF first: the model's default backend is its first.
+    {"name": "tiny-distilbert", "source": "./distilbert", "backends": ["tf", "onnx"]},
+]
+ARCHITECTURES = ("roberta", "xlm-roberta", "distilbert")
+
+
+def make(*args: str, env: dict[str, str], timeout: float = 900) -> subprocess.CompletedProcess:
+    return run_tree(["make", "--no-print-directory", *args], timeout, env=env, cwd=ROOT)
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, str]]:
+    """The checkpoints, their catalogue and a model store of their own, built by `make models`."""
+    root = tmp_path_factory.mktemp("catalogue")
+    for architecture in ARCHITECTURES:
+        checkpoints.write(root / architecture, architecture)
+    (root / "catalogue.yaml").write_text(yaml.safe_dump({"models": ENTRIES}, sort_keys=False))
+    env = {**os.environ, "BENTOML_HOME": str(root / "home"), "HF_HUB_OFFLINE": "1"}
+    proc = make("models", f"CATALOGUE={root / 'catalogue.yaml'}", env=env)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    for entry in ENTRIES:
+        for artefact in ("tokenizer", *entry["backends"]):
+            assert f"{entry['name']}-{artefact}:" in proc.stdout, proc.stdout
+    return root, env
+
+
+def expected(root: Path, name: str, texts: list[str]) -> tuple[np.ndarray, list[list[int]]]:
+    """PyTorch's answer for ``texts`` (transformers' model, the entry's pooling), and the ids."""
+    entry = catalogue.load(root / "catalogue.yaml").get(name)
+    assert entry is not None
+    src = source.resolve(entry, root)
+    spec = recipes.ModelRecipes(entry, src).spec
+    ids = tokenize(load_tokenizer(src.path / "tokenizer.json", spec.max_length), texts)
+    model = reference.load(src.path, spec)
+    return reference.run(model, pad(ids, spec.pad_id, spec.token_types)), ids
+
+
+def test_each_backend_of_each_model_passes_parity(built: tuple[Path, dict[str, str]]) -> None:
+    root, env = built
+    out = root / "parity.json"
+    proc = run_tree(
+        [sys.executable, "-m", "models.parity", "--catalogue", str(root / "catalogue.yaml"),
+         "--out", str(out)],
+        600, env=env, cwd=ROOT,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    results = json.loads(out.read_text())
+    assert list(results) == [e["name"] for e in ENTRIES]
+    for entry in ENTRIES:
+        figures = results[entry["name"]]
+        assert list(figures) == entry["backends"]
+        for backend, r in figures.items():
+            assert r["inputs"] >= 500, (entry["name"], backend)
+            assert r["mismatches"] == 0 and r["max_diff"] <= 1e-5, (entry["name"], backend, r)
+
+
+@pytest.fixture(scope="module")
+def catalogue_graph(built: tuple[Path, dict[str, str]]) -> Iterator[str]:
+    root, env = built
+    port = free_port()
+    argv = ["make", "--no-print-directory", "serve", f"CATALOGUE={root / 'catalogue.yaml'}",
+            "HOST=127.0.0.1", f"PORT={port}"]  # fmt: skip
+    serve_env = {"BENTOML_HOME": env["BENTOML_HOME"], "BUNDLE_TENANTS_STORE": str(root / "tenants")}
+    with Server(argv, port, log_path("catalogue-graph.log"), serve_env).start(
+        timeout_s=300
+    ) as server:
+        yield server.url
+
+
+@pytest.mark.parametrize("entry", ENTRIES, ids=[e["name"] for e in ENTRIES])
+def test_embed_answers_as_pytorch_on_every_backend(
+    built: tuple[Path, dict[str, str]], catalogue_graph: str, entry: dict
+) -> None:
+    want, ids = expected(built[0], entry["name"], TEXTS)
+    for backend in [None, *entry["backends"]]:
+        body = {"texts": TEXTS, "model": entry["name"]} | ({"backend": backend} if backend else {})
+        reply = httpx.post(f"{catalogue_graph}/embed", json=body, timeout=60)
+        assert reply.status_code == 200, reply.text
+        answer = reply.json()
+        assert answer["model"] == entry["name"]
+        assert answer["backend"] == (backend or entry["backends"][0])
+        assert answer["tokens"] == [len(i) for i in ids]
+        np.testing.assert_allclose(answer["embeddings"], want, atol=1e-4)
+    tokenized = httpx.post(
+        f"{catalogue_graph}/tokenize", json={"texts": TEXTS, "model": entry["name"]}
+    )
+    assert tokenized.json()["ids"] == ids
+
+
+def test_openai_lists_and_serves_every_model(
+    built: tuple[Path, dict[str, str]], catalogue_graph: str
+) -> None:
+    listed = [m["id"] for m in httpx.get(f"{catalogue_graph}/v1/models").json()["data"]]
+    # Each model under its name (its first backend), and its other backends with a suffix.
+    assert listed == [
+        "tiny-roberta", "tiny-roberta-tf", "tiny-xlmr", "tiny-xlmr-tf",
+        "tiny-distilbert", "tiny-distilbert-onnx",
+    ]  # fmt: skip
+    for name in listed:
+        model = name.removesuffix("-tf").removesuffix("-onnx")
+        want, ids = expected(built[0], model, TEXTS)
+        reply = httpx.post(f"{catalogue_graph}/v1/embeddings", json={"model": name, "input": TEXTS})
+        assert reply.status_code == 200, reply.text
+        answer = reply.json()
+        assert answer["model"] == name and answer["usage"]["prompt_tokens"] == sum(map(len, ids))
+        got = [d["embedding"] for d in answer["data"]]
+        np.testing.assert_allclose(got, want, atol=1e-4)
+    unknown = httpx.post(
+        f"{catalogue_graph}/v1/embeddings", json={"model": "all-MiniLM-L6-v2", "input": "x"}
+    )
+    assert unknown.status_code == 404 and unknown.json()["error"]["code"] == "model_not_found"
+
+
+def test_dimensions_where_the_entry_offers_them(
+    built: tuple[Path, dict[str, str]], catalogue_graph: str
+) -> None:
+    """Matryoshka: the first dimensions, normalised again (as text-embeddings-inference does)."""
+    want, _ = expected(built[0], "tiny-roberta", TEXTS)
+    for width in (16, 8):
+        cut = want[:, :width] / np.linalg.norm(want[:, :width], axis=1, keepdims=True)
+        ours = httpx.post(
+            f"{catalogue_graph}/embed",
+            json={"texts": TEXTS, "model": "tiny-roberta", "dimensions": width},
+        ).json()["embeddings"]
+        openai = httpx.post(
+            f"{catalogue_graph}/v1/embeddings",
+            json={"model": "tiny-roberta", "input": TEXTS, "dimensions": width},
+        ).json()["data"]
+        np.testing.assert_allclose(ours, cut, atol=1e-4)
+        np.testing.assert_allclose([d["embedding"] for d in openai], cut, atol=1e-4)
+    refused = httpx.post(
+        f"{catalogue_graph}/embed", json={"texts": ["x"], "model": "tiny-roberta", "dimensions": 12}
+    )
+    assert (
+        refused.status_code == 400 and "dimensions" in refused.text and "8, 16, 32" in refused.text
+    )
+    none_offered = httpx.post(
+        f"{catalogue_graph}/v1/embeddings",
+        json={"model": "tiny-xlmr", "input": "x", "dimensions": 8},
+    )
+    assert none_offered.status_code == 400 and none_offered.json()["error"]["param"] == "dimensions"
+
+
+def test_a_request_for_a_model_not_served_is_a_404_naming_it(catalogue_graph: str) -> None:
+    for path, body in (
+        ("/embed", {"texts": ["x"], "model": "all-MiniLM-L6-v2"}),
+        ("/similarity", {"pairs": [["a", "b"]], "model": "all-MiniLM-L6-v2"}),
+        ("/tokenize", {"texts": ["x"], "model": "all-MiniLM-L6-v2"}),
+    ):
+        reply = httpx.post(f"{catalogue_graph}{path}", json=body)
+        assert reply.status_code == 404 and "'all-MiniLM-L6-v2' is not served" in reply.text
+        assert "tiny-roberta" in reply.text  # and says what is
+    wrong_backend = httpx.post(
+        f"{catalogue_graph}/embed",
+        json={"texts": ["x"], "model": "tiny-xlmr", "backend": "onnx-int8"},
+    )
+    assert wrong_backend.status_code == 400 and "not built for onnx-int8" in wrong_backend.text
+
+
+def test_a_head_reads_its_own_encoders_vectors_and_one_no_longer_served_is_refused(
+    built: tuple[Path, dict[str, str]], catalogue_graph: str
+) -> None:
+    examples = [
+        {"text": t, "intent": i}
+        for t, i in [("where is my order", "order"), ("has my parcel shipped", "order"),
+                     ("hello there", "greeting"), ("good morning", "greeting")]
+    ]  # fmt: skip
+    trained = httpx.post(
+        f"{catalogue_graph}/tenants/train",
+        json={"tenant": "acme", "examples": examples, "encoder": "tiny-xlmr"},
+        timeout=60,
+    )
+    assert trained.status_code == 200, trained.text
+    shown = httpx.post(f"{catalogue_graph}/tenants/show", json={"tenant": "acme"}).json()
+    assert shown["format"] == "head" and shown["encoder"] == "tiny-xlmr"
+    answer = httpx.post(
+        f"{catalogue_graph}/classify", json={"tenant": "acme", "texts": ["good morning"]}
+    )
+    assert answer.status_code == 200 and answer.json()["format"] == "head", answer.text
+    # A head over a model this deployment does not serve (a catalogue since changed): refused,
+    # never scored with another model's vectors.
+    from runners.tenants import registry
+    from runners.tenants.store import TenantStore
+
+    store = TenantStore(built[0] / "tenants")
+    registry.train_head(
+        store, "initech", np.eye(4, 32, dtype=np.float32), ["a", "b", "a", "b"], encoder="retired"
+    )
+    refused = httpx.post(f"{catalogue_graph}/classify", json={"tenant": "initech", "texts": ["hi"]})
+    assert refused.status_code == 409, refused.text
+    assert "head over retired, which is not served here" in refused.text
+    unknown = httpx.post(
+        f"{catalogue_graph}/tenants/train",
+        json={"tenant": "acme", "examples": examples, "encoder": "retired"},
+    )
+    assert unknown.status_code == 404 and "'retired' is not served" in unknown.text
+
+
+@pytest.fixture(scope="module")
+def runner(built: tuple[Path, dict[str, str]]) -> Iterator[str]:
+    root, env = built
+    catalogue_env = {
+        "BENTOML_HOME": env["BENTOML_HOME"],
+        "BUNDLE_CATALOGUE": str(root / "catalogue.yaml"),
+    }
+    with bentoml_serve(
+        "runners.onnx.service:OnnxRunner", log_path("catalogue-runner.log"), env=catalogue_env
+    ) as server:
+        yield server.url
+
+
+def test_tf_serving_serves_each_model_under_its_own_name(
+    built: tuple[Path, dict[str, str]], runner: str
+) -> None:
+    for entry in ENTRIES:
+        want, ids = expected(built[0], entry["name"], TEXTS[:3])
+        rows = [{"input_ids": seq} for seq in ids]
+        reply = httpx.post(f"{runner}/v1/models/{entry['name']}:predict", json={"instances": rows})
+        assert reply.status_code == 200, reply.text
+        np.testing.assert_allclose(reply.json()["predictions"], want, atol=1e-4)
+        meta = httpx.get(f"{runner}/v1/models/{entry['name']}/metadata").json()
+        inputs = meta["metadata"]["signature_def"]["signature_def"]["serving_default"]["inputs"]
+        # Token types only where the model has them: none of these three.
+        assert sorted(inputs) == ["attention_mask", "input_ids"]
+    missing = httpx.post(f"{runner}/v1/models/all-MiniLM-L6-v2:predict", json={"instances": rows})
+    assert missing.status_code == 404 and "all-MiniLM-L6-v2" in missing.json()["error"]
+    # Ids are checked against the vocabulary of the model they are meant for.
+    size = load_tokenizer(built[0] / "xlm-roberta" / "tokenizer.json", 64).get_vocab_size()
+    ok = httpx.post(f"{runner}/embed", json={"ids": [[0, size - 1, 2]], "model": "tiny-xlmr"})
+    assert ok.status_code == 200, ok.text
+    vocabulary = httpx.post(f"{runner}/embed", json={"ids": [[0, size, 2]], "model": "tiny-xlmr"})
+    assert vocabulary.status_code == 400
+    assert vocabulary.json()["error"] == (
+        f"ids[0]: id {size} is not in tiny-xlmr's vocabulary of {size}"
+    )
+
+
+def test_an_int8_backend_that_fails_its_gate_is_refused_and_never_stored(tmp_path: Path) -> None:
+    """A DistilBERT whose linear layers each hold one large weight: int8's per-tensor scale then
+    rounds the others away, the accuracy gate refuses it, `make models` stops with the reason,
+    and the store holds no int8 model for it to serve."""
+    checkpoints.write(tmp_path / "distilbert", "distilbert", outlier=500.0)
+    entry = {"name": "tiny-distilbert", "source": "./distilbert", "backends": ["onnx", "onnx-int8"]}
+    path = tmp_path / "catalogue.yaml"
+    path.write_text(yaml.safe_dump({"models": [entry]}))
+    env = {**os.environ, "BENTOML_HOME": str(tmp_path / "home"), "HF_HUB_OFFLINE": "1"}
+    proc = make("models", f"CATALOGUE={path}", env=env)
+    assert proc.returncode != 0
+    assert "tiny-distilbert: onnx-int8 rejected by its accuracy gate" in proc.stderr, proc.stderr
+    stored = {p.name for p in (tmp_path / "home" / "models").iterdir()}
+    assert "tiny-distilbert-onnx" in stored and "tiny-distilbert-onnx-int8" not in stored
