@@ -161,6 +161,17 @@ class Catalogue(BaseModel):
                     )
                 )
             seen[key] = entry.name
+        # OpenAI's and TF Serving's names for a model's other backends are its name and a
+        # suffix: no entry may be named so.
+        names = {entry.name for entry in value}
+        for entry in value:
+            for suffix in ("-onnx", "-int8", "-tf"):
+                if entry.name.endswith(suffix) and entry.name.removesuffix(suffix) in names:
+                    raise ValueError(
+                        f"{entry.name!r} is the name of {entry.name.removesuffix(suffix)!r}'s "
+                        f"{suffix[1:]} backend on OpenAI's and TF Serving's routes: name it "
+                        "otherwise"
+                    )
         return value
 
     def get(self, name: str) -> Entry | None:

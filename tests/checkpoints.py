@@ -137,7 +137,7 @@ def write(
 ) -> Path:
     """A random-weight ``architecture`` checkpoint in ``out`` (a sequence-classification head of
     ``labels`` when given, else the bare encoder); returns ``out``. ``outlier``: one weight of
-    every linear layer set to it, which int8's per-tensor scale cannot hold together with the
+    every linear layer set to it, which int8 cannot hold together with the
     others (a model that int8 serves wrong, for the tests of its gate)."""
     import torch
     from transformers import AutoModel, AutoModelForSequenceClassification

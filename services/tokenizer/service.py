@@ -312,16 +312,16 @@ class Tokenizer:
         example's tenant, acme, exists once /tenants/train's example has trained it)."""
         self._tenant(request.tenant, ctx)
         started = time.perf_counter()
-        reads = self.tenant_reads.get(request.tenant) or await self._reads(request.tenant)
+        cached = self.tenant_reads.get(request.tenant)
+        reads = cached or await self._reads(request.tenant)
         try:
             result = await self._classify_as(request.tenant, request.texts, reads)
-        except EncoderNotServed:
-            raise
         except ApiError as exc:
-            if exc.status != 409:
+            if exc.status != 409 or (isinstance(exc, EncoderNotServed) and cached is None):
                 raise
             # The runner's version reads something else since it was last seen here (a new
-            # version of another kind, or over another encoder): ask again, once.
+            # version of another kind, or over another encoder, perhaps one served here where the
+            # last was not): ask again, once.
             reads = await self._reads(request.tenant)
             result = await self._classify_as(request.tenant, request.texts, reads)
         ctx.response.headers["X-Tenant-Cache"] = result.cache

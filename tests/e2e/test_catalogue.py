@@ -284,8 +284,8 @@ def test_tf_serving_serves_each_model_under_its_own_name(
 
 
 def test_an_int8_backend_that_fails_its_gate_is_refused_and_never_stored(tmp_path: Path) -> None:
-    """A DistilBERT whose linear layers each hold one large weight: int8's per-tensor scale then
-    rounds the others away, the accuracy gate refuses it, `make models` stops with the reason,
+    """A DistilBERT whose linear layers each hold one large weight, which int8 cannot hold together
+    with the others beside it, the accuracy gate refuses it, `make models` stops with the reason,
     and the store holds no int8 model for it to serve."""
     checkpoints.write(tmp_path / "distilbert", "distilbert", outlier=500.0)
     entry = {"name": "tiny-distilbert", "source": "./distilbert", "backends": ["onnx", "onnx-int8"]}

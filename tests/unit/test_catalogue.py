@@ -62,11 +62,12 @@ def test_an_entry_takes_its_defaults() -> None:
         ([{"name": "my model", "source": "s"}], ["'my model' is not a model name"]),
         ([{"name": "M", "source": "s"}, {"name": "m", "source": "s"}], ["two entries are named"]),
         ([{"name": "ok", "source": "s"}], ["two entries are named 'ok'"]),
+        ([{"name": "ok-int8", "source": "s"}], ["'ok-int8' is the name of 'ok'"]),
     ],
     ids=[
         "unknown key", "missing source", "unknown backend", "backend twice", "unknown task",
         "unknown pooling", "zero dimensions", "max_length too short", "name not fit for a URL",
-        "names equal in the store", "duplicate name",
+        "names equal in the store", "duplicate name", "a backend's name",
     ],
 )  # fmt: skip
 def test_a_bad_entry_is_refused_naming_the_entry_and_the_field(
