@@ -3,9 +3,8 @@
 ``bentoml serve`` runs prometheus_client in multiprocess mode: every ``inc``, ``set`` and each of
 the two values a histogram ``observe`` touches is a write to a shared file, taking a lock and
 checking the PID (a ``getpid`` system call). On the hot path that was a real share of a request's
-CPU: with the ONNX runner's batch metrics not written at all, its main thread took 0.117 ms a chat
-request at 64 users against 0.129 (``python -m loadtests.ab HEAD --users 64 --rounds 6``, six
-rounds, medians; the same figures with these tallies). A tally adds up observations in memory;
+CPU; with these tallies the ONNX runner's main thread spends what it did with its batch metrics not
+written at all (docs/decisions/0006-metrics-tallies.md). A tally adds up observations in memory;
 ``Flushes`` writes them once, at most ``FLUSH_S`` after the first one since the last write, on
 the event loop that made them, and every pending write is made when the service shuts down
 (``flush_all``, called at the ASGI lifespan's shutdown by serving/hot_path.py). A scrape sees a
@@ -89,11 +88,11 @@ class Flushes:
     The writes fall on one grid, the multiples of ``FLUSH_S`` on the loop's clock (the machine's
     monotonic clock, so every process's loops share it), so every tally of a process is written at
     the same instants: one wake-up of the event loop for all of them, instead of one per tally at
-    its own phase. A wake-up is not free: on these machines it costs a loop tens of µs of CPU with
-    the cores busy (``loadtests/wake_cost.py``; the profile in loadtests/README.md has the
-    figure), and a runner serving chat has three or four tallies armed at any time (its batch
-    metrics, the route's request metrics, the arrivals). At ~4 wake-ups a second saved a tally,
-    that is a few µs a request at the benchmark's rates: small, and the writes' timing is kept."""
+    its own phase. A wake-up is not free: it costs a loop CPU, more with the cores busy, and a
+    runner serving chat has three or four tallies armed at any time (its batch metrics, the route's
+    request metrics, the arrivals). Saving up to one wake-up a tally each ``FLUSH_S`` is a small
+    gain a request, and it costs nothing: the writes' timing is kept
+    (docs/decisions/0006-metrics-tallies.md has the figures)."""
 
     def __init__(self, write: Callable[[], None]) -> None:
         self._write = write

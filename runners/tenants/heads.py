@@ -119,7 +119,8 @@ def load(version: str, directory: Path) -> Head:
 
 class HeadBank:
     """Every head tenant's current head, in memory. A version published since (by this replica or
-    another writing the same store) is read on the next request for it: ~0.3 ms, not a load."""
+    another writing the same store) is read on the next request for it: a small file read, not a
+    load (docs/decisions/0011-head-tenants.md)."""
 
     def __init__(self) -> None:
         self.heads: dict[str, Head] = {}

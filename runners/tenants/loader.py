@@ -18,18 +18,18 @@ from serving.features import pad
 PROBE = [[3, 4, 5], [6]]
 # Resident memory of a loaded, serving model per byte of its files, measured under LRU churn with
 # freed memory given back after evictions (release_freed_memory): an ONNX Runtime session without
-# its per-session arena ~1.6x (plus what the allocator keeps between loads); a TF SavedModel ~3.3x
-# (~8.6 MB for 2.6 MB of files: graph, function library, executors). The budget counts this
-# estimate, so it bounds what models really hold. Runtimes themselves (TensorFlow's ~0.4 GB, ONNX
-# Runtime's ~36 MB) are a fixed cost, loaded at start, outside the budget.
+# its per-session arena (plus what the allocator keeps between loads); a TF SavedModel, which holds
+# far more than its files (graph, function library, executors). The budget counts this estimate,
+# so it bounds what models really hold. Runtimes themselves are a fixed cost, loaded at start,
+# outside the budget (docs/decisions/0010-tenant-memory.md has the figures).
 RESIDENT_PER_FILE_BYTE = {"onnx": 1.6, "tf": 3.3}
 
 
 def release_freed_memory() -> None:
     """Collect unreachable models (TensorFlow's objects hold reference cycles: an evicted
     SavedModel is freed only by the cycle collector) and hand the freed heap back to the system
-    (glibc keeps it otherwise). Measured, 300 loads through a 32 MB budget: a TF-only churn's
-    worker went +394 MB at peak without this, +17 MB with it."""
+    (glibc keeps it otherwise: without this, a worker churning TF models grew many times its
+    budget; docs/decisions/0010-tenant-memory.md)."""
     import ctypes
     import gc
 

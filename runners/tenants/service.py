@@ -47,10 +47,10 @@ logger = logging.getLogger("bento_bundle.tenants")
 
 def warm_up_runtimes() -> None:
     """Load a throwaway classifier of each format once at start. The first SavedModel load in a
-    process costs ~2.4 s (TensorFlow's runtime starting up) against ~30 ms after; paid on a request,
+    process costs far more than later ones (TensorFlow's runtime starting up); paid on a request,
     it stalls every cold load queued behind it. And each runtime's fixed memory (ONNX Runtime's
-    environment, ~36 MB measured; TensorFlow's, ~0.4 GB) is then part of the resident memory at
-    ready, outside the models' budget, as it is in fact."""
+    environment, TensorFlow's) is then part of the resident memory at ready, outside the models'
+    budget, as it is in fact (docs/decisions/0010-tenant-memory.md)."""
     import tempfile
 
     import numpy as np
@@ -132,10 +132,10 @@ class TenantRunner:
         directory = directory.parent / version
         loop = asyncio.get_running_loop()
         # Give the memory of evicted models back before taking more, once they hold a fifth of
-        # the budget: a full collection held the GIL for ~0.2 s with TensorFlow loaded (measured:
-        # 370k objects), so once per eviction stalled every request behind it (1,000 tenants,
-        # budget 10 %: cold p50 2.2 s, warm p99 0.27 s). Measured before start-up's objects were
-        # frozen (serving/hot_path.py): a collection now scans only what was made since.
+        # the budget: a full collection held the GIL for a long pause with TensorFlow loaded, so
+        # once per eviction stalled every request behind it (docs/decisions/0010-tenant-memory.md).
+        # Measured before start-up's objects were frozen (serving/hot_path.py): a collection now
+        # scans only what was made since.
         release = self.uncollected >= RELEASE_FRACTION * SETTINGS.budget_bytes
         if release:
             self.uncollected = 0

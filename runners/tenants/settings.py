@@ -31,10 +31,11 @@ class TenantRunnerSettings(RunnerSettings):
     memory_budget_mb: float = Field(
         256,
         gt=0,
-        description="Resident memory for loaded models (estimated per format from their files: "
-        "ONNX 1.6x, TF 3.3x, measured); the least recently used are evicted beyond it. The "
-        "worker stays within its ready size + 1.25x this from ~64 MB up (tested at 96); below, "
-        "what the allocator keeps between loads (~30 MB) dominates. Head tenants are outside it.",
+        description="Resident memory for loaded models (estimated per format from their files); "
+        "the least recently used are evicted beyond it. The worker stays within its ready size "
+        "+ 1.25x this (tests/load/test_tenant_memory.py) unless the budget is so small that what "
+        "the allocator keeps between loads dominates (docs/decisions/0010-tenant-memory.md). "
+        "Head tenants are outside it.",
     )
     max_upload_mb: float = Field(16, gt=0, description="Largest model archive accepted by upload.")
     load_threads: int = Field(

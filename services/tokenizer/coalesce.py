@@ -1,7 +1,7 @@
 """Request coalescing on the caller's side of the runner hop, on the same token queue as a runner.
 
-Every call to a runner costs an HTTP round trip and ~2 ms of CPU in each process, which on two
-cores is taken straight from the engine. So concurrent requests for the same backend are merged
+Every call to a runner costs an HTTP round trip and CPU in each process, which on two cores is
+taken straight from the engine. So concurrent requests for the same backend are merged
 into one runner call: the first request goes out at once (no added latency when idle); requests
 arriving while calls are out wait and leave together in a later call. The runner then sorts and
 groups all of them by length.
@@ -11,7 +11,7 @@ queued when it finishes the calls before it. It goes out once the runner is expe
 with the calls out within ``OVERLAP_SHARE`` of the last one's expected time, at the runner's speed
 as this queue measures it, not as soon as a request arrives: sent at once, it carried the few
 requests that had arrived since the call before it, and the runner's cost per call was spread
-over fewer requests (``OVERLAP_SHARE`` has the figures).
+over fewer requests (docs/decisions/0003-coalescing.md has the figures).
 
 The waiting requests sit in a ``TokenQueue`` (serving/batching/queue.py), the runner's own queue:
 the same admission (429 when full, 503 when it cannot finish in time, both with Retry-After), rounds
@@ -35,23 +35,11 @@ from serving.protocol import MAX_SEQUENCES
 # How far from done the calls in flight are expected to be, as a share of the last call's expected
 # time, when a call beyond the first goes out. The runner's lanes run out of work some way before a
 # call's end (its last engine calls run while a lane has nothing left to take), so the next call
-# must be there by then; and the later it goes, the more requests it carries. Against sending it at
-# once (`python -m loadtests.ab 6ca288d`, medians, on a 2-core host), the ONNX runner's CPU outside
-# the engine, ms a request: chat 64 users 0.190 against 0.235 (`--users 64 --rounds 7`; the
-# tokenizer's CPU 0.577 against 0.616, 187 against 184 sentences/s), bulk 16 users 2.67 against
-# 3.29 (`--users 16 --workloads bulk --rounds 5`; 239 against 224 sentences/s). A third run,
-# `--users 16,64 --workloads chat,bulk --rounds 3`: the runner's CPU outside the engine 7-18 %
-# less at each point, sentences/s 0.96-1.01x, within the runs' noise. (One call in flight saved
-# more CPU but lost 13 % of chat's throughput at 16 users: tokenizer/settings.py.)
-# Later still pays, and the lanes still do not run dry: `python -m loadtests.ab <base> --users
-# 16,64 --workloads chat,bulk --rounds 3`, medians, on the Intel host of 2026-11-28. 0.25 against
-# 0.5 (base b8f080d): the runner's CPU outside the engine 0.80-0.97x at each point (chat 64 users
-# 0.182 against 0.212 ms; 31.3 against 26.6 rows a runner call), the tokenizer's 0.84-0.91x,
-# sentences/s 1.00-1.03x; 0 requests failed or shed against 1. 0.1 against 0.25 (base 804bc0b):
-# the runner outside the engine 0.69-0.96x (chat 64 users 0.171 against 0.212 ms), the
-# tokenizer's 0.67-0.87x, sentences/s at chat 1.03x (16 users) and 1.04x (64), at bulk 0.995x
-# (16) and 1.06x (64); 0 failed or shed against 3. Compare within a run only: 0.25 read 0.182 ms
-# in the first and 0.212 in the second (each run serves both trees at once, on a noisy host).
+# must be there by then; and the later it goes, the more requests it carries, so the runner and
+# the tokenizer spend less CPU a request. Sent later than at once, and later again down to this
+# share, it kept the throughput and the lanes did not run dry. (One call in flight saves more CPU
+# but loses throughput at few users: tokenizer/settings.py.) The figures, and the `make ab` runs
+# that measure them again: docs/decisions/0003-coalescing.md.
 OVERLAP_SHARE = 0.1
 # A flush this close to its moment goes at once: uvloop's timers fire on whole milliseconds, up to
 # one early, and re-arming for the rest would spin the loop through call_soon until it passed.

@@ -13,12 +13,11 @@ from serving.errors import DeadlineExceeded, QueueFull
 
 # A request is admitted only if the work ahead of it fits in this share of its budget. The speed is
 # a moving average and the engine shares the cores with the tokenizer and the load, so admitting up
-# to the whole budget let the admitted p99 reach ~0.95 of it under 4x overload (measured: the
-# chaos run, served p99 9.3-9.8 s of 10) and a slower stretch expired requests at the deadline,
-# a 503 after 10 s instead of at once (served p99 8.5-8.7 s at 0.9; `pytest tests/e2e/test_chaos.py
-# -s` prints it). Not lower: bulk at 64 users (2,048 sentences in flight) waits ~7 s of 10 on two
-# cores, and at 0.8 (with the average of per-call rates measured() used before) 901 of its
-# requests were refused in a benchmark run.
+# to the whole budget let the admitted p99 come close to the deadline under overload, and a slower
+# stretch expired requests at the deadline: a 503 after the whole budget instead of at once. Not
+# lower: a deep bulk queue waits most of its budget on a small instance, and a lower share refused
+# bulk requests that would have finished in time (docs/decisions/0009-admission.md; `make chaos`
+# measures it again).
 PLANNED_SHARE = 0.9
 # Overlapping calls' speed is measured over this much of the instance's time, not per call.
 WINDOW_S = 0.05

@@ -77,16 +77,13 @@ class Lanes:
     The threads are the lanes' own, not a ``ThreadPoolExecutor``'s: a call is a plain function
     handed over on a ``SimpleQueue``, and its result comes back as one ``call_soon_threadsafe``
     callback, where ``loop.run_in_executor`` and a task per call cost the event loop's thread a
-    concurrent future and its lock, an asyncio future chained to it and the task's wake-up. That
-    thread's CPU (part of what the runner spends beside the engine) at 64 chat users went from
-    0.101 to 0.083 ms a request with this change (``python -m loadtests.ab``, 5 interleaved rounds).
+    concurrent future and its lock, an asyncio future chained to it and the task's wake-up: CPU
+    that the runner spends beside the engine on every call.
 
-    The threads run at the process's own priority. Lanes 5 nicer than the event loops were
-    measured and left out (``python -m loadtests.ab 8a70dbb --users 1,64 --rounds 3 --workloads
-    chat,bulk``, medians, on a 2-core host): chat at 64 users gained (200 against 190 sentences/s),
-    but bulk at 64 users lost (216 against 231 sentences/s, and 628 requests shed against 271).
+    The threads run at the process's own priority. Lanes nicer than the event loops were measured
+    and left out: chat under load gained, but bulk under overload lost throughput and shed more.
     Likely, under overload, the tokenizer's work on requests it then refuses took the cores from
-    the engine."""
+    the engine (docs/decisions/0004-engine-lanes.md has the figures)."""
 
     def __init__(self, count: int = 1, name: str = "engine") -> None:
         if count < 1:
@@ -281,29 +278,18 @@ class Batcher:
         from the queue, planned together; the call that holds the oldest row goes, the others'
         rows are held for the next free lane. So a call is cut from the rows held and the new
         round together, not only from those that arrived while the last round's calls were
-        placed. The engine serves more from rounds of 32-64 than of 17 (``python -m
-        loadtests.round_size``, on a 2-core host, at the weight of 32: 235 sentences/s from
-        rounds of 17, 251 and 244 from 32 and 64, 274 from 2000 texts planned at once). Against
-        the batcher that planned each round alone (``python -m loadtests.ab e109027 --users
-        16,64 --rounds 4 --workloads chat,bulk``, medians): chat 1.08x the sentences/s at 16
-        users and 0.99x at 64, bulk 1.05x at both, the engine's CPU a request 0.94-1.00x, the
-        main thread's 0.96-1.14x. At 64 chat users the calls held ~6 rows with either batcher
-        (``bundle_batch_rows``, 3 interleaved points of 15 s each), at the planner's weight of
-        32 padded tokens a call. The rows are there: the tokenizer brought 21-31 chat sentences
-        a runner call (median ~23; ~30 since its OVERLAP_SHARE of 0.1,
-        services/tokenizer/coalesce.py), and the planner cut them into calls of ~6 rows, as it
-        cuts rounds of 29 offline (5.7 rows a call, round_size's table); at the weight of 16
-        (``grouping.CALL_OVERHEAD_TOKENS``), ~4.9 rows (``python -m loadtests.ab fa1ef03 --users
-        64 --workloads chat,bulk --rounds 3``: "rows a runner call", "an engine call", on the
-        Intel host of 2026-11-28). None when every row has gone.
+        placed: the engine serves more from larger planned rounds. The calls are no larger for
+        it: a runner call from the tokenizer brings several times the rows of an engine call
+        (``make ab`` prints "rows a runner call" and "an engine call"), and the planner cuts them
+        as ``grouping.CALL_OVERHEAD_TOKENS`` weighs a call (docs/decisions/0002-batcher-planning.md,
+        0001-call-weight.md). None when every row has gone.
 
-        The plan runs on the event loop's thread, up to ~1 ms for a bulk round, so it is kept
+        The plan runs on the event loop's thread, taking its CPU from every request, so it is kept
         when nothing was added or dropped since (the rest of the last plan is still a plan of the
         rows held), and the queue tops up the rows held only once they fall below half of
         ``round_tokens``: with a deep queue, rows are planned about once for each half round
         taken, not once for each call (the first version, which took from the queue and planned
-        again at every call, had the main thread's CPU a bulk request at 1.90x, 1.43 to 2.71 ms,
-        ``python -m loadtests.ab``). The rows planned
+        again at every call, cost the main thread far more CPU a bulk request). The rows planned
         together can exceed ``round_tokens`` by at most a request: ``take`` hands over a request
         larger than the room left when it is the first."""
         p = self.policy

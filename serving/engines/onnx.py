@@ -35,8 +35,8 @@ class OnnxEngine:
         spinning: bool = True,
         spin_between_runs: bool = True,
     ) -> None:
-        """``memory_arena=False`` for many small sessions: the per-session arena kept 40 tenant
-        models at 1.45x their file size resident, 1.08x without it (measured here)."""
+        """``memory_arena=False`` for many small sessions: the per-session arena keeps a small
+        model's resident memory well above its file size (docs/decisions/0010-tenant-memory.md)."""
         import onnxruntime as ort
 
         options = ort.SessionOptions()
@@ -47,16 +47,17 @@ class OnnxEngine:
         # ORT's default: a session of more than one thread has a pool whose idle threads spin
         # waiting for work, within a run and for a while after it (a one-thread session, as on the
         # runners' lanes, has no pool). Turning spinning off in the runners' one-lane layout, to
-        # leave the cores to the tokenizer process, measured ~7 % slower for both chat and bulk
-        # here. ``spinning=False`` is for an engine whose process has other work to do while it
-        # runs (the hand-written baseline's event loop, taking the next requests).
+        # leave the cores to the tokenizer process, was slower for both chat and bulk
+        # (docs/decisions/0005-onnx-session-threads.md). ``spinning=False`` is for an engine whose
+        # process has other work to do while it runs (the hand-written baseline's event loop,
+        # taking the next requests).
         if not spinning:
             options.add_session_config_entry("session.intra_op.allow_spinning", "0")
         # ``spin_between_runs=False``: spin within a run (each operator's parallel section starts
         # at once) but stop when it ends; by default the idle threads go on spinning, taking a
-        # core from the processes that answer the request (on this 2-core machine, ~40 ms of the
-        # process's CPU in the 50 ms after a run, against ~0.1 ms with the entry: ORT bounds the
-        # spin by a count of pause instructions, so the time is the CPU's;
+        # core from the processes that answer the request (most of a core for a while after each
+        # run, against next to nothing with the entry: ORT bounds the spin by a count of pause
+        # instructions, so the time is the CPU's; docs/decisions/0005-onnx-session-threads.md;
         # tests/integration/test_onnx_sessions.py pins the difference). For the ONNX runner's
         # solo sessions, which run when nothing else waits.
         if not spin_between_runs:
