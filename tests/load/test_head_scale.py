@@ -22,12 +22,13 @@ import pytest
 
 from runners.tenants import heads
 from runners.tenants.store import Manifest, write_manifest
-from serving.contracts import EMBEDDING_DIM
 from testkit.processes import ROOT, bentoml_serve, log_path
 
 COUNT = 10_000
 STORE = ROOT / "build" / "test-heads-10k"
 EXTRA_MB = 500
+# The heads name the default catalogue's model and are as wide as its vectors.
+ENCODER, WIDTH = "all-MiniLM-L6-v2", 384
 
 
 def build_store(root: Path) -> Path:
@@ -42,9 +43,11 @@ def build_store(root: Path) -> Path:
         version = tenant / "versions" / "v1"
         version.mkdir(parents=True, exist_ok=True)
         labels = [f"intent-{n}" for n in range(6 + index % 7)]  # 6-12, as the demo tenants
-        weights = rng.standard_normal((EMBEDDING_DIM, len(labels)), dtype=np.float32)
+        weights = rng.standard_normal((WIDTH, len(labels)), dtype=np.float32)
         heads.save(version, weights, np.zeros(len(labels), np.float32))
-        write_manifest(version, Manifest(format="head", labels=labels, source="demo"))
+        write_manifest(
+            version, Manifest(format="head", labels=labels, source="demo", encoder=ENCODER)
+        )
         if not (tenant / "current").is_symlink():
             os.symlink("versions/v1", tenant / "current")
     done.touch()
@@ -96,12 +99,12 @@ def test_any_tenant_answers_without_a_load(runners) -> None:
     rng = np.random.default_rng(1)
     with httpx.Client(base_url=url, timeout=30) as client:
         for index in random.Random(2).sample(range(COUNT), 25):
-            vectors = rng.standard_normal((3, EMBEDDING_DIM))
+            vectors = rng.standard_normal((3, WIDTH))
             vectors /= np.linalg.norm(vectors, axis=1, keepdims=True)
             tenant = f"head-{index:05d}"
             reply = client.post(
                 "/classify",
-                json={"tenant": tenant, "vectors": vectors.tolist()},
+                json={"tenant": tenant, "vectors": vectors.tolist(), "encoder": ENCODER},
                 headers={"Content-Type": "application/json"},
             )
             assert reply.status_code == 200, reply.text
