@@ -1,20 +1,8 @@
 """Two commits of the whole graph side by side (``make ab BASE=<rev>``): what one change did.
 
-Each commit is served from its own tree (the base from a git worktree under build/ab, removed
-after; the other is this checkout as it is, uncommitted edits included) with ``bentoml serve .``,
-both at once. Points with wrk at each workload and user count, interleaved: every round measures
-both trees at every count, the order reversed every other round, so a machine that slows down
-mid-run slows both. Chat by default; ``--workloads chat,bulk`` adds bulk points (32 sentences a
-request, run 3x as long, as ``make bench`` runs them). Prints each round, then medians over the
-rounds of throughput, p50 and CPU per request (the tokenizer process and the ONNX runner's main
-thread from /proc; the runner's CPU outside and inside its engine calls, from /proc and the
-runner's engine counter, NaN for a tree without it) and the sum of requests failed or shed, with
-head/base ratios. Each point is ``make bench``'s own (``points.point``, its request bodies rewritten under
-build/bench/bodies), so the two are not run at once. The venv is this checkout's: a dependency
-change is not compared. ``--base-env`` serves the base with settings of its own: ``HEAD
---base-env BUNDLE_TOKENIZER_LEAN_PATH=off,BUNDLE_ONNX_LEAN_PATH=off`` measures the lean path
-against BentoML's own path with the same code.
-Not recorded: ``make bench`` records; this answers "did this change help" in a few minutes.
+The base is served from a git worktree under build/ab (removed after), the head is this checkout as
+it is; both at once, with this checkout's venv, their points interleaved and the order reversed
+every other round. What it prints: loadtests/README.md, "make ab". Not recorded.
 """
 
 from __future__ import annotations
@@ -41,15 +29,13 @@ class Sample:
     p50_ms: float
     tokenizer_ms: float  # the tokenizer process's CPU per request, every thread
     runner_main_ms: float  # the ONNX runner's main thread: its event loop
-    # The ONNX runner's CPU outside its engine calls (the event loop and the lanes around each
-    # call) and inside them; NaN for a tree whose runner does not count its engine's CPU.
+    # the ONNX runner's CPU outside and inside its engine calls; NaN where it does not count them
     runner_serving_ms: float
     engine_ms: float
     not_ok: int  # requests failed or shed: a change that sheds is a result, not a crash
 
 
 def sample(point: points.Point) -> Sample:
-    """The figures make ab compares, from one of make bench's points."""
     tokenizer = point.cpu_ms_per_request.get("tokenizer", {})
     runner = point.cpu_ms_per_request.get("onnx_runner", {})
     return Sample(
@@ -104,17 +90,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--workloads", default="chat", help=f"comma-separated, of {', '.join(points.WORKLOADS)}"
     )
-    parser.add_argument(
-        "--base-env", default="", help="KEY=VALUE,... set for the base's server only"
-    )
+    parser.add_argument("--base-env", default="", help="KEY=VALUE,... for the base's server")
     args = parser.parse_args(argv)
     base_env = dict(kv.split("=", 1) for kv in args.base_env.split(",") if kv)
     if args.rounds < 1:
         parser.error("--rounds must be at least 1")
     users = list(dict.fromkeys(int(u) for u in args.users.split(",")))  # each count once
     workloads = list(dict.fromkeys(args.workloads.split(",")))
-    unknown = set(workloads) - set(points.WORKLOADS)
-    if unknown:
+    if unknown := set(workloads) - set(points.WORKLOADS):
         parser.error(f"unknown workloads {sorted(unknown)}: choose from {list(points.WORKLOADS)}")
     rev = subprocess.run(
         ["git", "rev-parse", "--short", args.base], cwd=ROOT, check=True, capture_output=True,
@@ -148,11 +131,8 @@ def main(argv: list[str] | None = None) -> int:
                 seconds = args.seconds * (points.BULK_LONGER if w == "bulk" else 1)
                 for name, server in order:
                     if w == "bulk":
-                        # The runner's admission predicts each request's wait from the engine
-                        # speed it measured last: after chat's small calls a burst of 64 bulk
-                        # requests was shed as late (make bench's bulk points follow bulk
-                        # points). The warm makes that rarer, not impossible: ~40 of a point's
-                        # requests were still shed in some rounds, in both trees.
+                        # Admission predicts a wait from the engine speed it measured last: after
+                        # chat's small calls, bulk requests were shed as late. Rarer when warmed.
                         loadgen.run(server.url, "/embed", bodies[w], 16, 5)
                     drained(servers)  # no backlog left to take the cores
                     s = sample(points.point(server, name, w, u, seconds))

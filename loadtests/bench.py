@@ -1,26 +1,7 @@
 """The side-by-side benchmark (``make bench``; ``BENCH_QUICK=1``: every system once, in minutes).
 
-In one run, on one machine, with the same load generator (wrk, loadgen.py) and corpus for every
-system:
-- raw: the engine in this process, no HTTP, per backend (fp32, int8): the best of row-count and
-  token-budget plans (raw_engine.py): the limit;
-- stack: this project (``bentoml serve .``), fp32, and the same server with backend onnx-int8;
-- stack, batching off: the same graph with one sequence per engine call;
-- fastapi: a FastAPI + ONNX Runtime server answering one request at a time;
-- naive bentoml: ``batchable=True`` on ``list[list[int]]``, padded to the longest;
-- hand-written batching: one Starlette process with a length-sorting dynamic batcher;
-- several models (isolation.py): one model's one-sentence p99 alone and beside another model
-  saturated with bulk requests, on one graph.
-Every server runs for the whole benchmark and the points are interleaved: for each repeat, each
-workload and user count, every system in turn, so a noisy minute is shared by all; before each
-point every server is drained, and one that has not worked off its queue in SETTLE_S is restarted
-(the results count the restarts by server). Each point records, per server process, the CPU it
-spent per request (cpu.py). Medians and spreads over the repeats make the table. Writes
-build/bench/results.json and results.md; a full run (not quick) also records
-loadtests/results/DATE.json and regenerates loadtests/results/results.md from it (``--no-record``
-skips that). Exits 1 if a served figure is above its backend's raw limit (the limit would be
-wrong), and records nothing then. If the run stops with an error, the points measured so far are
-in build/bench/partial.json.
+The systems, how points are interleaved and drained, what is recorded: loadtests/README.md. Exits
+1 if a served figure is above its backend's raw limit (the limit would be wrong), recording nothing.
 """
 
 from __future__ import annotations
@@ -78,30 +59,18 @@ def servers() -> dict[str, Server]:
 def cases() -> Iterator[tuple[str, int, str]]:
     """(workload, users, system) of one repeat, in order. A quick run measures every system once
     at its heavier load, and the stack and FastAPI at one client too (a target compares them)."""
+    one_client = {("chat", STACK), ("chat", FASTAPI)}
     for workload in WORKLOADS:
         for users in USERS:
             for system in SYSTEMS:
-                if (
-                    QUICK
-                    and users == min(USERS)
-                    and (workload, system)
-                    not in (
-                        ("chat", STACK),
-                        ("chat", FASTAPI),
-                    )
-                ):
-                    continue
-                yield workload, users, system
+                if not (QUICK and users == min(USERS) and (workload, system) not in one_client):
+                    yield workload, users, system
 
 
 def settle(running: dict[str, Server], timeout_s: float = SETTLE_S) -> list[str]:
-    """Before each point, every server drained, not only the one measured: a server still working
-    off the backlog of its last point would take the cores from this one. One that has not within
-    ``timeout_s`` is restarted (stopped by PID with its descendants, started on the same port), and
-    its name returned for the point to record. A restart is faster than waiting out a one-at-a-time
-    server's backlog, and it resets BentoML's adaptive-batching dispatcher (the naive baseline's),
-    which after an overload makes a lone request wait about as long as the overloaded batches did.
-    A server that has exited is not restarted: the run stops with its log."""
+    """Before each point, every server drained, not only the one measured (loadtests/README.md).
+    One that has not within ``timeout_s`` is restarted by PID on the same port, and its name
+    returned for the point to record; one that has exited stops the run with its log."""
     restarted = []
     for name, server in running.items():
         exited(name, server)
@@ -177,9 +146,7 @@ def commit() -> str:
 
 def main(argv: list[str] | None = None) -> int:
     measured = commit()  # the code the servers start with, not what the tree holds at the end
-    parser = argparse.ArgumentParser(
-        prog="python -m loadtests.bench", description=__doc__.splitlines()[0]
-    )
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
         "--seconds", type=float, default=float(os.environ.get("BENCH_SECONDS", 3 if QUICK else 10))
     )
@@ -187,11 +154,7 @@ def main(argv: list[str] | None = None) -> int:
         "--repeats", type=int, default=int(os.environ.get("BENCH_REPEATS", 1 if QUICK else 3))
     )
     parser.add_argument(
-        "--no-record",
-        dest="record",
-        action="store_false",
-        default=not QUICK,
-        help="do not write loadtests/results/DATE.json nor regenerate loadtests/results/results.md",
+        "--no-record", dest="record", action="store_false", default=not QUICK, help="record nothing"
     )
     args = parser.parse_args(argv)
     OUT.mkdir(parents=True, exist_ok=True)
@@ -249,10 +212,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def publish(results: dict, *, record: bool) -> int:
-    """Write a run to build/bench (JSON, table), print its table and targets and, where
-    ``record``, record it: loadtests/results/DATE.json and loadtests/results/results.md. A served
-    figure above its backend's raw limit means the limit is wrong: then nothing is recorded and
-    the exit status is 1 (0 otherwise)."""
+    """Write a run to build/bench, print its table and targets and, where ``record``, record it
+    (loadtests/results): not when a served figure is above its raw limit (then 1, else 0)."""
     (OUT / "results.json").write_text(json.dumps(results, indent=2) + "\n")
     table = report.markdown(results)
     (OUT / "results.md").write_text(table + "\n")

@@ -2,22 +2,7 @@
 
     python -m loadtests.chaos [--seconds 20] [--url URL] [--json build/chaos.json]   (make chaos)
 
-1. **Capacity**: bulk requests (32 sentences) from a closed loop of clients; served requests/s.
-2. **Overload**: an open-loop arrival process at 4x that rate. Requests beyond capacity must be
-   refused fast (429/503 with Retry-After), admitted ones keep a bounded p99, nothing crashes.
-   An admitted request whose deadline passes while it waits (the stack slowed after admitting
-   it: a 503 whose reason says so) is counted apart, "expired waiting", not as a refusal.
-3. **Recovery**: at half capacity, how long until answers come back at normal latency.
-4. **Kills**: at half capacity, SIGKILL the ONNX runner's worker, then the tokenizer's; the
-   supervisor restarts each. Reported: errors by kind, the requests in flight at the kill, the
-   slowest failure (a hang would show here) and the time until the stack serves again.
-
-Every outcome is counted by status code (0: no HTTP answer; -1: a 200 with a wrong answer). Every
-answer is compared with a reference embedding of each of its texts, taken from the same stack
-unloaded before the run. After the run, every worker of the graph is checked alive and serving.
-
-Why not Locust: its users are a closed loop, so they slow down with the server and never offer 4x
-its capacity; overload needs arrivals that do not wait for answers (loadtests/openloop.py).
+The phases and what each counts: loadtests/README.md, "make chaos and make soak".
 """
 
 from __future__ import annotations
@@ -37,8 +22,8 @@ from typing import Any
 
 import httpx
 import numpy as np
-import psutil
 
+from loadtests import cpu
 from loadtests.openloop import Driver, Outcome, Request, ms, quantile, refusal
 from models import corpus
 from testkit.processes import ROOT, Server, bentoml_serve
@@ -65,9 +50,8 @@ class Phase:
         expired = [o for o in self.outcomes if o.expired]
         other = [o for o in self.outcomes if o.status not in (200, 429, 503)]
         kinds = Counter(f"{o.status} {o.error}".strip() for o in other)
-        span = max((o.sent + o.latency_s for o in self.outcomes), default=0) - min(
-            (o.sent for o in self.outcomes), default=0
-        )
+        start = min((o.sent for o in self.outcomes), default=0)
+        span = max((o.sent + o.latency_s for o in self.outcomes), default=0) - start
         return {
             "phase": self.name,
             "offered_per_s": round(self.offered_per_s, 1),
@@ -98,8 +82,8 @@ class Phase:
 
 
 class Bulk:
-    """Bulk /embed requests drawn from a pool of corpus texts, each answer checked against a
-    reference embedding of each of its texts, taken from the same stack unloaded."""
+    """Bulk /embed requests from a pool of corpus texts, each answer checked against reference
+    embeddings taken from the same stack unloaded."""
 
     def __init__(self, pool: int = 256, seed: int = 3) -> None:
         self.texts = random.Random(seed).sample(corpus.load_texts(), pool)
@@ -149,26 +133,12 @@ async def recovery_s(
     return None
 
 
-def worker(server: Server, service: str) -> psutil.Process:
-    """The worker process serving ``service`` in a `bentoml serve` graph."""
-    for proc in server.descendants():
-        try:
-            cmdline = " ".join(proc.cmdline())
-        except psutil.Error:
-            continue
-        if "_bentoml_impl.worker.service" in cmdline and (
-            f"--service-name {service}" in cmdline or f"--service-name={service}" in cmdline
-        ):
-            return proc
-    raise LookupError(f"no worker process for {service}")
-
-
 async def kill_during_load(
     driver: Driver, server: Server, service: str, per_s: float, seconds: float
 ) -> tuple[Phase, float | None]:
     async def kill_then_measure() -> float | None:
         await asyncio.sleep(seconds / 3)
-        victim = worker(server, service)
+        victim = cpu.workers(server, service)[0]
         phase.inflight_at_kill = driver.inflight
         phase.connections_at_kill = driver.open_connections()
         os.kill(victim.pid, signal.SIGKILL)
@@ -190,25 +160,18 @@ async def kill_during_load(
 async def workers_serving(client: httpx.AsyncClient, server: Server) -> dict[str, bool]:
     """Each service's worker alive (by PID, among the server's descendants) and answering: a
     request that goes through that service."""
-    probes = {
-        "tokenizer": ("/tokenize", {"texts": ["alive"]}),
-        "onnx_runner": ("/embed", {"texts": ["alive"], "backend": "onnx"}),
-        "tf_runner": ("/embed", {"texts": ["alive"], "backend": "tf"}),
-        # an unknown tenant is a 404 from the tenant runner itself
-        "tenant_runner": ("/classify", {"tenant": "no-such-tenant", "texts": ["alive"]}),
+    probes = {  # an unknown tenant is a 404 from the tenant runner itself, naming the tenant
+        "tokenizer": ("/tokenize", {"texts": ["alive"]}, 200),
+        "onnx_runner": ("/embed", {"texts": ["alive"], "backend": "onnx"}, 200),
+        "tf_runner": ("/embed", {"texts": ["alive"], "backend": "tf"}, 200),
+        "tenant_runner": ("/classify", {"tenant": "no-such-tenant", "texts": ["alive"]}, 404),
     }
     status = {}
-    for service, (path, body) in probes.items():
-        try:
-            alive = worker(server, service).is_running()
-        except LookupError:
-            alive = False
+    for service, (path, body, expected) in probes.items():
+        alive = any(proc.is_running() for proc in cpu.workers(server, service))
         resp = await client.post(path, json=body)
-        expected = 404 if service == "tenant_runner" else 200
-        answered = resp.status_code == expected and (
-            service != "tenant_runner" or "no-such-tenant" in resp.json().get("error", "")
-        )
-        status[service] = alive and answered
+        named = expected == 200 or "no-such-tenant" in resp.json().get("error", "")
+        status[service] = alive and resp.status_code == expected and named
     return status
 
 
@@ -273,13 +236,9 @@ def render(report: dict) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m loadtests.chaos", description=__doc__.splitlines()[0]
-    )
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=float, default=20, help="length of each phase")
-    parser.add_argument(
-        "--url", help="an already running stack (no kills then); default: start one"
-    )
+    parser.add_argument("--url", help="an already running stack (no kills then)")
     parser.add_argument("--json", type=Path, default=ROOT / "build" / "chaos.json")
     args = parser.parse_args(argv)
     if args.url:

@@ -1,14 +1,7 @@
 """CPU time of a server's processes, per thread, from /proc: what a request costs, process by process.
 
-For every process of a server (the server itself and its descendants, by PID) the CPU seconds of
-its main thread and of all its other threads. In a runner the main thread runs the event loop (HTTP,
-(de)serialisation, batching) and the other threads are the lanes' (which check, pad and hand back
-each call around the engine) and ONNX Runtime's or TensorFlow's own; in the tokenizer service
-nearly all work is on the main thread.
-
-Where a runner counts its engine's CPU (``bundle_engine_cpu_seconds``, serving/batching/metrics.py),
-its row also splits the process's CPU into ``engine_ms`` (inside the engine calls) and
-``serving_ms`` (everything else: the event loop and the lanes' work around the engine).
+Main thread and other threads apart, and, where a runner counts its engine's CPU, ``engine_ms``
+and ``serving_ms`` (loadtests/README.md, "make bench").
 """
 
 from __future__ import annotations
@@ -24,8 +17,10 @@ from pathlib import Path
 import psutil
 from prometheus_client.parser import text_string_to_metric_families
 
-# The instruction sets ONNX Runtime's kernels (MLAS) are chosen by at start: int8's gain over fp32
-# likely depends on them (VNNI has int8 dot-product instructions that AVX2 lacks): a record names them.
+from testkit.processes import Server
+
+# The instruction sets ONNX Runtime's kernels (MLAS) are chosen by: int8's gain over fp32 depends
+# on them (VNNI has int8 dot-product instructions that AVX2 lacks).
 ISA_FLAGS = ("avx2", "avx512f", "avx512_vnni", "avx_vnni", "amx_int8")
 
 
@@ -97,6 +92,11 @@ def label(proc: psutil.Process) -> str:
     )
 
 
+def workers(server: Server, service: str) -> list[psutil.Process]:
+    """The worker processes serving ``service`` in a `bentoml serve` graph."""
+    return [proc for proc in server.descendants() if label(proc) == service]
+
+
 def snapshot(processes: list[psutil.Process]) -> dict[int, tuple[str, Usage]]:
     out = {}
     for proc in processes:
@@ -108,11 +108,9 @@ def snapshot(processes: list[psutil.Process]) -> dict[int, tuple[str, Usage]]:
 
 
 def engine_seconds(url: str) -> dict[str, float]:
-    """Engine CPU seconds so far of each runner (by its service name) that counts them, from the
-    server's ``/metrics``: under ``bentoml serve`` every service's workers write to one
-    multiprocess directory, so the front service's page has the runners' series too (one home a
-    graph: processes.own_home). Empty for a server without the counter (the baselines). A runner
-    adds each engine call's CPU when the call ends (serving/batching/metrics.py)."""
+    """Engine CPU seconds so far of each runner (by service name), from the server's ``/metrics``
+    (the front service's page has the runners' series too: one multiprocess directory a graph).
+    Empty for a server without the counter (the baselines)."""
     try:
         with urllib.request.urlopen(f"{url}/metrics", timeout=30) as resp:
             return engine_seconds_in(resp.read().decode())
@@ -137,10 +135,9 @@ def per_request(
     requests: int,
     engine: tuple[dict[str, float], dict[str, float]] = ({}, {}),
 ) -> dict[str, dict[str, float]]:
-    """CPU milliseconds per request of each process between two snapshots, main thread and other
-    threads apart. Processes with the same role (several workers) are added up. ``engine``: the
-    runners' engine CPU seconds (``engine_seconds``) at the same two moments; a process whose role
-    counts it gains ``engine_ms`` and ``serving_ms``, the rest of its CPU."""
+    """CPU milliseconds per request of each role (several workers added up) between two snapshots,
+    main thread and other threads apart; with ``engine``, the runners' ``engine_seconds`` at the
+    same two moments, a role that counts it gains ``engine_ms`` and ``serving_ms`` (the rest)."""
     out: dict[str, dict[str, float]] = {}
     for pid, (name, end) in after.items():
         if pid not in before or not requests:

@@ -1,15 +1,10 @@
 """The benchmark's load generator: wrk (C, from Debian's packages) with a Lua script that sends JSON
-bodies drawn from the project's corpus and counts every status.
-
-Locust costs a real share of two cores at a few hundred requests/s; wrk's per-request cost is a few
-microseconds, so the servers get the machine (the benchmark checks the load generator's share). Like Locust's users, wrk's connections are a closed loop: each sends its next request
-when the previous one is answered. Locust stays the tool for the user-facing load runs.
+bodies drawn from the project's corpus and counts every status (why wrk: loadtests/README.md).
 """
 
 from __future__ import annotations
 
 import json
-import os
 import random
 import resource
 import shutil
@@ -54,13 +49,12 @@ def write_bodies(
     rng = random.Random(7)
     extra = {"backend": backend} if backend else {}
     extra |= {"model": model} if model else {}
-    per = 1 if workload == "chat" else BULK
-    lines = [
-        json.dumps(
-            {"texts": rng.sample(texts, per) if per > 1 else [texts[i % len(texts)]], **extra}
-        )
-        for i in range(count)
-    ]
+
+    def body(i: int) -> str:
+        chosen = [texts[i % len(texts)]] if workload == "chat" else rng.sample(texts, BULK)
+        return json.dumps({"texts": chosen, **extra})
+
+    lines = [body(i) for i in range(count)]
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text("\n".join(lines) + "\n")
     return out
@@ -70,19 +64,8 @@ def run(
     url: str, path: str, bodies: Path, connections: int, seconds: float, timeout_s: float = 30
 ) -> Load:
     """``connections`` closed-loop clients for ``seconds``; statuses, latency and wrk's own CPU."""
-    argv = [
-        wrk_binary(),
-        "-t1",
-        f"-c{connections}",
-        f"-d{seconds:.0f}s",
-        f"--timeout={timeout_s:.0f}s",
-        "-s",
-        str(SCRIPT),
-        url,
-        "--",
-        path,
-        str(bodies),
-    ]
+    argv = [wrk_binary(), "-t1", f"-c{connections}", f"-d{seconds:.0f}s"]
+    argv += [f"--timeout={timeout_s:.0f}s", "-s", str(SCRIPT), url, "--", path, str(bodies)]
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     started = time.perf_counter()
     proc = subprocess.run(argv, capture_output=True, text=True, timeout=seconds + timeout_s + 30)
@@ -109,7 +92,3 @@ def run(
         statuses=statuses,
         loadgen_cpu_s=(after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime),
     )
-
-
-def cores() -> int:
-    return os.cpu_count() or 1

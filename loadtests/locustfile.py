@@ -1,13 +1,5 @@
-"""Locust workloads against the tokenizer service, one user class per workload.
-
-    locust -f loadtests/locustfile.py --host http://127.0.0.1:3000                       # web UI
-    locust -f loadtests/locustfile.py ChatUser --headless -u 16 -r 16 -t 30s \\
-           --host http://127.0.0.1:3000 --max-fail-ratio 0 --max-p95-ms 1000 --html build/locust.html
-    locust -f loadtests/locustfile.py,loadtests/ramp.py BulkUser --headless ...          # 16 -> 160 users
-    locust -f loadtests/locustfile.py TenantUser --tenants 1000 --headless ...            # make tenants first
-
-Texts come from the project's corpus (models/corpus.py): prose and chat utterances of 3-120 word
-pieces, drawn at random. Users send back to back (no think time): a closed loop at full load.
+"""Locust workloads against the tokenizer service, one user class per workload (how to run them:
+loadtests/README.md). Users send back to back (no think time): a closed loop at full load.
 """
 
 from __future__ import annotations
@@ -28,21 +20,10 @@ BULK = 32
 
 @events.init_command_line_parser.add_listener
 def _arguments(parser) -> None:
-    parser.add_argument(
-        "--max-fail-ratio", type=float, default=0.0, help="fail the run above this failure ratio"
-    )
-    parser.add_argument(
-        "--max-p95-ms", type=float, default=0.0, help="fail the run above this p95 (0: no limit)"
-    )
-    parser.add_argument(
-        "--backend", default="", help="backend field for /embed (the stack only): onnx-int8, tf"
-    )
-    parser.add_argument(
-        "--tenants",
-        type=int,
-        default=1000,
-        help="TenantUser: demo tenants 1..N (make tenants N=...)",
-    )
+    parser.add_argument("--max-fail-ratio", type=float, default=0.0, help="fail the run above")
+    parser.add_argument("--max-p95-ms", type=float, default=0.0, help="fail above (0: no limit)")
+    parser.add_argument("--backend", default="", help="/embed's backend: onnx-int8, tf")
+    parser.add_argument("--tenants", type=int, default=1000, help="TenantUser: tenants 1..N")
 
 
 @events.quitting.add_listener

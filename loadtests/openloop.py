@@ -1,10 +1,6 @@
-"""One load driver for the runs that must offer load whatever the server does (chaos, soak).
-
-Locust's users and wrk's connections are closed loops: they slow down with the server and never
-offer more than it serves. ``Driver.open`` sends arrivals at a fixed rate whatever the answers do
-(an overload is an overload); ``Driver.closed`` runs a closed loop of clients, to find what the
-server serves. Every request's ``Outcome`` is kept: its status (0: no HTTP answer; -1: a 200 whose
-answer a ``check`` found wrong), its latency, and whether a refusal came from admission.
+"""The load driver of chaos and soak: ``Driver.open`` sends arrivals at a fixed rate whatever the
+answers do (Locust's users and wrk's connections are closed loops, which never offer more than the
+server serves); ``Driver.closed`` runs a closed loop, to find what the server serves.
 """
 
 from __future__ import annotations
@@ -34,16 +30,12 @@ class Outcome:
     status: int  # 0: no HTTP answer (reset, timeout); -1: a 200 with a wrong answer
     retry_after: str | None = None
     error: str = ""
-    # A 503 for a request that was admitted and whose deadline passed while it waited (the stack
-    # slowed after admitting it), as against one refused at the door: the server's reason says.
-    expired: bool = False
-    # A 429/503 whose reason is admission's, as against any other 503 (a runner that is down).
-    at_admission: bool = False
+    expired: bool = False  # a 503: admitted, and its deadline passed while it waited
+    at_admission: bool = False  # a 429/503 whose reason is admission's (not a runner down)
 
 
 def refusal(status: int, body: str) -> tuple[bool, bool]:
-    """Whether an answer is an admitted request whose deadline passed while it waited, and
-    whether it is a refusal at admission, by the reason the server gives."""
+    """(expired while waiting, refused at admission), by the reason the server gives."""
     expired = status == 503 and "deadline passed" in body
     at_admission = status in (429, 503) and any(reason in body for reason in ADMISSION_REASONS)
     return expired, at_admission
@@ -51,9 +43,7 @@ def refusal(status: int, body: str) -> tuple[bool, bool]:
 
 class Driver:
     """Requests to one server: ``make`` draws each request, ``check`` says why a 200 is wrong
-    ('' when right). Idle connections are dropped before the servers' 5 s keep-alive timeout:
-    reusing one the server is closing at that instant fails with a read error that says nothing
-    about the server (the usual client rule, README)."""
+    ('' when right). Idle connections are dropped before the servers' 5 s keep-alive timeout."""
 
     def __init__(
         self,
@@ -70,9 +60,7 @@ class Driver:
         self.rng = random.Random(seed)
         self.inflight = 0
         limits = httpx.Limits(
-            max_connections=connections,
-            max_keepalive_connections=connections,
-            keepalive_expiry=2.0,
+            max_connections=connections, max_keepalive_connections=connections, keepalive_expiry=2.0
         )
         self.client = httpx.AsyncClient(base_url=url, timeout=timeout_s, limits=limits)
 
@@ -92,12 +80,11 @@ class Driver:
         sent = time.monotonic()
         self.inflight += 1
         try:
+            timeout = timeout_s or httpx.USE_CLIENT_DEFAULT
             if files:  # a multipart upload: the body's fields as form fields
-                resp = await self.client.post(path, data=body, files=files, timeout=timeout_s)
+                resp = await self.client.post(path, data=body, files=files, timeout=timeout)
             else:
-                resp = await self.client.post(
-                    path, json=body, timeout=timeout_s or httpx.USE_CLIENT_DEFAULT
-                )
+                resp = await self.client.post(path, json=body, timeout=timeout)
             outcome = Outcome(path, sent, time.monotonic() - sent, resp.status_code)
             outcome.retry_after = resp.headers.get("retry-after")
             outcome.expired, outcome.at_admission = refusal(resp.status_code, resp.text)
@@ -113,8 +100,7 @@ class Driver:
         return outcome
 
     async def closed(self, clients: int, seconds: float, into: list[Outcome]) -> float:
-        """``clients`` each sending its next request when the last is answered; requests
-        answered 200 a second."""
+        """``clients`` each sending its next request when the last is answered; 200s a second."""
         stop = time.monotonic() + seconds
 
         async def client() -> None:
@@ -135,14 +121,11 @@ class Driver:
             tasks.append(asyncio.create_task(self.one(into)))
         await asyncio.gather(*tasks)
 
-    async def aclose(self) -> None:
-        await self.client.aclose()
-
     async def __aenter__(self) -> Driver:
         return self
 
     async def __aexit__(self, *_: object) -> None:
-        await self.aclose()
+        await self.client.aclose()
 
 
 def quantile(values: list[float], q: float) -> float | None:

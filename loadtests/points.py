@@ -1,8 +1,5 @@
 """One load point: wrk against a server for a few seconds, read back as a ``Point`` with the CPU
-each server process spent per request.
-
-The workloads, the user counts of a run and the names of the systems compared are defined here, so
-the benchmark, its report and the tests share them.
+each server process spent per request; and the workloads, user counts and systems of a run.
 """
 
 from __future__ import annotations
@@ -27,14 +24,8 @@ MIDDLE = USERS[-1] if QUICK else 64
 # Bulk points run longer: a one-request-at-a-time server answers a bulk request at 64 users in
 # about as long as a chat point lasts, and would complete none.
 BULK_LONGER = 2 if QUICK else 3
-STACK, INT8, NOBATCH, FASTAPI, NAIVE, HANDWRITTEN = (
-    "stack",
-    "stack, int8",
-    "stack, batching off",
-    "fastapi",
-    "naive bentoml",
-    "hand-written batching",
-)
+STACK, INT8, NOBATCH = "stack", "stack, int8", "stack, batching off"
+FASTAPI, NAIVE, HANDWRITTEN = "fastapi", "naive bentoml", "hand-written batching"
 SYSTEMS = (STACK, INT8, NOBATCH, FASTAPI, NAIVE, HANDWRITTEN)
 
 
@@ -58,17 +49,16 @@ class Point:
     restarted: list[str] = field(default_factory=list)
 
 
-def bodies(workload: str, backend: str = "", path: str = "/embed") -> Path:
-    name = "-".join(filter(None, (workload, backend or "default", path.strip("/"))))
-    return loadgen.write_bodies(workload, OUT / "bodies" / f"{name}.jsonl", backend=backend)
+def bodies(workload: str, backend: str = "") -> Path:
+    name = f"{workload}-{backend or 'default'}-embed.jsonl"
+    return loadgen.write_bodies(workload, OUT / "bodies" / name, backend=backend)
 
 
 def measure(
     server: Server, processes_first: bool
 ) -> tuple[dict[int, tuple[str, cpu.Usage]], dict[str, float]]:
-    """Every process's CPU (/proc) and the runners' engine CPU (their counter on ``/metrics``),
-    one right after the other: before a load the counter first, after it /proc first, so the
-    ``/metrics`` request's own CPU falls outside the load's window either way."""
+    """Every process's CPU (/proc) and the runners' engine CPU (``/metrics``): before a load the
+    counter first, after it /proc first, so the ``/metrics`` request falls outside the window."""
     if processes_first:
         processes = cpu.snapshot([server.process(), *server.descendants()])
         return processes, cpu.engine_seconds(server.url)
@@ -85,10 +75,9 @@ def point(
     repeat: int = 0,
     backend: str = "",
     restarted: list[str] | None = None,
-    path: str = "/embed",
 ) -> Point:
     before, engine_before = measure(server, processes_first=False)
-    load = loadgen.run(server.url, path, bodies(workload, backend, path), users, seconds)
+    load = loadgen.run(server.url, "/embed", bodies(workload, backend), users, seconds)
     after, engine_after = measure(server, processes_first=True)
     ok_per_s = load.ok / load.seconds
     return Point(
@@ -103,16 +92,15 @@ def point(
         requests=load.requests,
         failures=load.failed,
         shed=load.shed,
-        loadgen_cpu_share=load.loadgen_cpu_s / (load.seconds * loadgen.cores()),
+        loadgen_cpu_share=load.loadgen_cpu_s / (load.seconds * (os.cpu_count() or 1)),
         cpu_ms_per_request=cpu.per_request(before, after, load.ok, (engine_before, engine_after)),
         restarted=list(restarted or []),
     )
 
 
 def drain(url: str, timeout_s: float = 120) -> bool:
-    """Wait until the server has worked off what the last point left queued (a client that stops
-    does not take back the requests it had sent): a one-sentence request must answer in 0.5 s.
-    False if none did within ``timeout_s``."""
+    """Wait until the server has worked off what the last point left queued: a one-sentence request
+    must answer in 0.5 s. False if none did within ``timeout_s``."""
     deadline = time.monotonic() + timeout_s
     while (left := deadline - time.monotonic()) > 0:
         sent = time.monotonic()

@@ -1,21 +1,11 @@
 """Where a one-sentence request's CPU goes inside the stack's processes (``make profile``).
 
-Serves the whole graph (``bentoml serve .``), puts chat load on it at the benchmark's middle load
-(wrk, one sentence a request) and, over the same seconds, samples the tokenizer's and the ONNX
-runner's worker processes with py-spy (``--nonblocking``: they are not paused; py-spy leaves out
-threads that are idle). Each sample is put in the first category whose rule matches its stack,
-leaf first. The amounts come from /proc (``cpu.py``): each process's CPU per request over the same
-seconds, main thread and other threads apart, split by category in the samples' proportions (the
-samples are not the amounts: py-spy counts a thread that waits for a core as active). Python
-frames only: time in a C or Rust extension is counted at the Python line that called it, which
-the rules name (``_CALLS``).
-
-A full run records ``loadtests/results/profiles/DATE.json`` and regenerates
-loadtests/results/profile.md; ``PROFILE_SECONDS`` (default 30) is its length, and a run shorter
-than that (the test's) is not recorded.
-
     python -m loadtests.profile [--seconds 30] [--users 64]
     python -m loadtests.profile --render loadtests/results/profiles/DATE.json
+
+Samples are shares, /proc gives the amounts (py-spy counts a thread waiting for a core as active);
+Python frames only: an extension's time is counted at the Python line that called it (``_CALLS``).
+``PROFILE_SECONDS`` sets the length; a run shorter than FULL_SECONDS (the test's) is not recorded.
 """
 
 from __future__ import annotations
@@ -76,7 +66,6 @@ _FILES: tuple[tuple[str, str], ...] = (
     (r"(^|/)(serving|services|runners)/", "this project's other code"),
 )
 OTHER = "other"
-CATEGORIES = [*dict.fromkeys([c for *_, c in _CALLS] + [LOOP] + [c for _, c in _FILES]), OTHER]
 
 _FRAME = re.compile(r"^(?P<function>.*) \((?P<file>[^()]*?)(?::(?P<line>\d+))?\)$")
 
@@ -127,42 +116,19 @@ def split(
 
 
 def sample(pid: int, seconds: float, rate: int, into: Path) -> subprocess.Popen:
-    return subprocess.Popen(
-        [
-            str(BIN / "py-spy"),
-            "record",
-            "--pid",
-            str(pid),
-            "--rate",
-            str(rate),
-            "--duration",
-            f"{seconds:.0f}",
-            "--format",
-            "raw",
-            "--threads",
-            "--nonblocking",
-            "--output",
-            str(into),
-        ],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
+    """py-spy on ``pid``, not pausing it (``--nonblocking``), each thread's stacks apart."""
+    argv = [str(BIN / "py-spy"), "record", "--pid", str(pid), "--rate", str(rate)]
+    argv += ["--duration", f"{seconds:.0f}", "--format", "raw", "--threads", "--nonblocking"]
+    argv += ["--output", str(into)]
+    return subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
 def workers(server: Server) -> dict[str, int]:
     """The PID of each profiled service's worker (one each in the stack's defaults)."""
-    found: dict[str, int] = {}
-    for proc in server.descendants():
-        name = cpu.label(proc)
-        if name in PROCESSES:
-            if name in found:
-                raise RuntimeError(f"more than one {name} worker: profile one")
-            found[name] = proc.pid
-    missing = set(PROCESSES) - set(found)
-    if missing:
-        raise RuntimeError(f"no worker found for {sorted(missing)}")
-    return found
+    found = {name: cpu.workers(server, name) for name in PROCESSES}
+    if wrong := {name: len(procs) for name, procs in found.items() if len(procs) != 1}:
+        raise RuntimeError(f"workers found, not one of each: {wrong}")
+    return {name: procs[0].pid for name, procs in found.items()}
 
 
 def profile(server: Server, users: int, seconds: float, rate: int = 250) -> dict:
@@ -260,26 +226,21 @@ def render(recorded: Path) -> Path:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m loadtests.profile", description=__doc__.splitlines()[0]
-    )
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
         "--seconds", type=float, default=float(os.environ.get("PROFILE_SECONDS", FULL_SECONDS))
     )
     parser.add_argument("--users", type=int, default=MIDDLE)
     parser.add_argument("--out", type=Path, default=OUT / "profile.json")
-    parser.add_argument(
-        "--render", type=Path, help="regenerate loadtests/results/profile.md from a recorded run"
-    )
+    parser.add_argument("--render", type=Path, help="regenerate profile.md from a recorded run")
     args = parser.parse_args(argv)
     if args.render:
         print(f"written: {render(args.render)}")
         return 0
     measured = commit()  # the code the server starts with, not what the tree holds at the end
     adopt_orphans()
-    server = bentoml_serve(".", OUT / "logs" / "profile.log")
     print(f"profile: the stack, chat, {args.users} connections, {args.seconds:.0f} s", flush=True)
-    with server:
+    with bentoml_serve(".", OUT / "logs" / "profile.log") as server:
         run = profile(server, args.users, args.seconds)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     data = {

@@ -1,16 +1,8 @@
 """The limit: the engine in this process, no HTTP (tokenize + ONNX session), per model and backend.
 
-The best of every way to feed it over the load-test corpus: two kinds of plan — length-sorted
-batches of a fixed row count, and the stack's own planner (``serving.batching.plan``, at the ONNX
-runner's default weight a call, ``CALL_OVERHEAD_TOKENS``, so a record's raw figures plan as its
-commit's runner does) under a sweep of padded-token budgets — on two thread layouts — one
-session using every core, and one single-threaded session run on every core at once (the stack's
-lanes, serving/batching/batcher.py).
-Whichever the engine prefers as it changes, raw stays the best of all: a served figure above it
-means the limit is wrong, and the benchmark fails. The benchmark measures it at the start of its
-run and again at the end, and keeps the best of both (``best_of``): a host that is slower for a
-while (a neighbour, a busy minute) only ever lowers a measurement of the limit, so the higher one is
-the nearer.
+The best of every plan (length-sorted batches of a fixed row count, and the stack's own planner,
+``serving.batching.plan``, under padded-token budgets) on both thread layouts (one session on
+every core; one-thread sessions on every core at once, the stack's lanes): loadtests/README.md.
 """
 
 from __future__ import annotations
@@ -21,8 +13,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-# The sweep reaches past every best plan a record has found (``at_edge`` warns when one is at an
-# end): its history is in loadtests/README.md.
+# The sweep reaches past every best plan a record has found (``at_edge`` warns at an end).
 ROW_COUNTS = (4, 8, 16, 32, 64, 128)
 TOKEN_BUDGETS = (128, 256, 512, 1024, 2048, 4096)
 # A quick run (CI) times every other plan of each kind, on fewer texts.
@@ -76,6 +67,7 @@ def raw_engine(
         if kind == "rows":
             ordered = sorted(ids, key=len)
             return [ordered[i : i + size] for i in range(0, len(ordered), size)]
+        # at the ONNX runner's default weight a call (CALL_OVERHEAD_TOKENS), as its commit plans
         groups = plan([len(s) for s in ids], max_tokens=size, max_rows=256)
         return [[ids[i] for i in group.indices] for group in groups]
 
@@ -114,7 +106,8 @@ def raw_engine(
 
 def best_of(*runs: dict) -> dict:
     """One limit from several measurements of ``raw_engine`` (the run's start and its end): each
-    plan's best median, the best plan among those, and each measurement as it was, in order."""
+    plan's best median (a slower minute only ever lowers a measurement), the best plan among
+    those, and each measurement as it was, in order."""
     by_plan = {name: max(run["by_plan"][name] for run in runs) for name in runs[0]["by_plan"]}
     best = max(by_plan, key=by_plan.__getitem__)
     measured = [

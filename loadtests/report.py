@@ -77,13 +77,10 @@ def aggregate(points: list[Point]) -> list[dict]:
 
 def table(points: list[Point]) -> list[dict]:
     """The systems' rows (``aggregate``) in the table's order: workload, users, system."""
+    workloads = list(WORKLOADS)
     return sorted(
         aggregate(points),
-        key=lambda r: (
-            list(WORKLOADS).index(r["workload"]),
-            r["users"],
-            SYSTEMS.index(r["system"]),
-        ),
+        key=lambda r: (workloads.index(r["workload"]), r["users"], SYSTEMS.index(r["system"])),
     )
 
 
@@ -162,11 +159,7 @@ def _cpu_cell(row: dict) -> str:
 
 
 def _engine_and_serving(cpu: dict[str, dict[str, float]]) -> tuple[float, float]:
-    """CPU ms per request on the engine and on everything else. The engine: inside the engine
-    calls where the process counts them (the stack's runners, ``engine_ms``), otherwise the other
-    threads of the process that runs it (a one-process server's worker threads, which pad and
-    batch too). Everything else: every process's main thread (HTTP, JSON, tokenizing, batching,
-    the hops) and a runner's lanes around its engine calls."""
+    """CPU ms per request on the engine and on everything else, as ``where_time_goes`` says."""
     engine = sum(
         v.get("engine_ms", v["other_threads_ms"])
         for name, v in cpu.items()
@@ -177,9 +170,7 @@ def _engine_and_serving(cpu: dict[str, dict[str, float]]) -> tuple[float, float]
 
 
 def where_time_goes(results: dict) -> list[str]:
-    """Per sentence at the middle load, the CPU each system spends on the engine and around it,
-    against the raw engine's (all of the machine's cores for the raw rate): what bounds each
-    ratio the targets name."""
+    """Per sentence at the middle load, each system's CPU on the engine and around it, and raw's."""
     cores = results["meta"]["cores"]
     users = results["meta"]["middle"]
     lines = [
@@ -197,8 +188,6 @@ def where_time_goes(results: dict) -> list[str]:
     for workload, per in WORKLOADS.items():
         for backend in ("fp32", "int8"):
             rate = results["raw"][backend]["sentences_per_s"]
-            # Raw's time is wall time on every core, tokenizing included: not split, not measured
-            # from /proc like the servers'.
             lines.append(
                 f"| {workload} | raw {backend} | {rate:.0f} | — | — | "
                 f"{cores * 1000 / rate:.2f} | {cores} (all) |"

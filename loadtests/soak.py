@@ -2,25 +2,14 @@
 
     python -m loadtests.soak [--seconds 600] [--interval 30] [--json build/soak.json]   (make soak)
 
-A graph on a fresh tenant store (or ``--url``'s) with one trained tenant; the mix's capacity from a
-closed loop of 8 clients; then open-loop arrivals (openloop.py) at 70 % of it for ``--seconds``,
-each request drawn from the mix (embed on every backend, similarity, tokenize, inference, classify,
-the registry's reads), beside a registry write every 10 s on a scratch tenant (train, upload,
-delete in turn). Every ``--interval`` each server process reports its resident memory, its
-descriptors other than sockets, and its sockets; before the soak and after it, at rest (every idle
-connection closed by the servers' keep-alive timeout), each process's sockets are counted again.
-
-It fails (exit 1) if any request fails, if any process's memory or non-socket descriptors grow by
-more than 10 % after warm-up (the last third of the samples after it against the first third), or
-if any process holds more than SOCKET_SLACK sockets more at rest after the soak than before it.
-Sockets are judged at rest: under load they follow the concurrency; at rest each process is back
-to the few it holds for itself, and one still open then is a leak.
+What it sends and how it passes or fails: loadtests/README.md, "make chaos and make soak".
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import json
 import os
 import random
@@ -34,16 +23,16 @@ from typing import Any
 
 import psutil
 
+from loadtests import cpu
 from loadtests.openloop import Driver, Outcome, Request, failures
 from models import corpus, demo_tenants
 from runners.tenants.store import TenantStore
 from testkit.processes import ROOT, Server, bentoml_serve
 
 GROWTH_LIMIT = 0.10
-FD_SLACK = 2  # non-socket descriptors that may come and go (see growth)
-# A socket more at rest. A leak per request passes it at once; one per registry write needs
-# writes, and a short soak makes few of them: a leak on one kind of write alone shows only in
-# `make soak`'s full length.
+# Non-socket descriptors that may come and go, and sockets more at rest: a leak per request passes
+# either at once; one per registry write shows only in `make soak`'s full length.
+FD_SLACK = 2
 SOCKET_SLACK = 1
 KEEPALIVE_S = 5.0  # uvicorn's default keep-alive timeout, which BentoML passes to its workers
 REST_TIMEOUT_S = 60.0
@@ -69,10 +58,8 @@ class Mix:
         if kind == 3:
             return "/similarity", {"pairs": [texts[:1] * 2, [texts[0], texts[-1]]]}
         if kind == 4:
-            return "/tokenize", {
-                "texts": texts,
-                "tokenizer": rng.choice(["model", "sentencepiece"]),
-            }
+            tokenizer = rng.choice(["model", "sentencepiece"])
+            return "/tokenize", {"texts": texts, "tokenizer": tokenizer}
         if kind == 5:
             return "/inference", {"input_text": texts[0]}
         if kind == 6:
@@ -109,30 +96,23 @@ async def registry_write(
 async def registry_writes(
     driver: Driver, archive: Path | None, stop: asyncio.Event, into: list[Outcome], every_s: float
 ) -> None:
-    """Train, upload (when there is an archive) and delete the scratch tenant, in turn, every
-    ``every_s`` until ``stop``: a write under way is finished, not cancelled (its answer counts,
-    and the sockets at rest are not those of a training still running)."""
-    turn = 0
-    while True:
+    """``registry_write`` in turn every ``every_s`` until ``stop``; one under way is finished."""
+    for step in itertools.cycle(("train", "upload", "delete")):
         try:
             await asyncio.wait_for(stop.wait(), every_s)
             return
         except TimeoutError:
-            pass
-        await registry_write(driver, ("train", "upload", "delete")[turn % 3], archive, into)
-        turn += 1
+            await registry_write(driver, step, archive, into)
 
 
 def processes(server: Server | None) -> list[psutil.Process]:
-    """The server's processes by PID: the arbiter and its descendants (the workers)."""
     if server is None or server.proc is None:
         return []
-    return [psutil.Process(server.proc.pid), *server.descendants()]
+    return [server.process(), *server.descendants()]
 
 
 def descriptors(pid: int) -> tuple[int, int]:
-    """(sockets, every other open descriptor) of a process, from /proc (psutil's ``num_fds``
-    counts them together)."""
+    """(sockets, every other open descriptor) of a process, from /proc."""
     sockets = other = 0
     for fd in os.listdir(f"/proc/{pid}/fd"):
         try:
@@ -152,15 +132,10 @@ def sample(procs: list[psutil.Process]) -> dict[str, dict]:
     for proc in procs:
         try:
             with proc.oneshot():
-                argv = proc.cmdline()
-                named = [argv[i + 1] for i, a in enumerate(argv[:-1]) if a == "--service-name"]
-                key = f"{proc.pid} {named[0] if named else proc.name()}"
                 sockets, other = descriptors(proc.pid)
-                out[key] = {
-                    "rss_mb": round(proc.memory_info().rss / 2**20, 1),
-                    "fds": other,
-                    "sockets": sockets,
-                }
+                rss_mb = round(proc.memory_info().rss / 2**20, 1)
+                key = f"{proc.pid} {cpu.label(proc)}"
+                out[key] = {"rss_mb": rss_mb, "fds": other, "sockets": sockets}
         except (psutil.NoSuchProcess, FileNotFoundError):
             continue
     return out
@@ -169,10 +144,8 @@ def sample(procs: list[psutil.Process]) -> dict[str, dict]:
 async def at_rest(
     server: Server, wait_s: float = KEEPALIVE_S + 1, timeout_s: float = REST_TIMEOUT_S
 ) -> tuple[dict[str, int], bool]:
-    """Each process's sockets once the servers have closed their idle connections: after
-    ``wait_s`` (the keep-alive timeout), the first count that holds for 2 s; and whether it held.
-    After ``timeout_s`` more without two equal counts, the last count and False (the run fails,
-    with its figures)."""
+    """Each process's sockets after ``wait_s`` (the keep-alive timeout): the first count that holds
+    for 2 s, and True; after ``timeout_s`` more without one, the last count and False."""
     await asyncio.sleep(wait_s)
     deadline = time.monotonic() + timeout_s
     last: dict[str, int] = {}
@@ -199,19 +172,16 @@ def socket_growth(before: dict[str, int], after: dict[str, int]) -> dict[str, fl
 
 
 def growth(samples: list[dict], warmup_s: float) -> dict[str, dict[str, float]]:
-    """Per process, how much each figure grew after warm-up: the median of the last third of the
-    samples taken after warm-up against the median of the first third. A leak grows steadily and
-    shows; a figure that follows the load swings around its level and does not. (Sockets, which
-    follow it most, are not among the figures: they are judged at rest.) A process that appears or
-    vanishes after warm-up counts as unbounded growth (a crash or a restart)."""
+    """Per process, each figure's growth after warm-up: the median of the last third of the samples
+    against that of the first third (a leak shows; a figure that swings with the load does not). A
+    process that appears or vanishes after warm-up is unbounded growth (a crash or a restart)."""
     after = [s["processes"] for s in samples if s["t"] >= warmup_s]
     if len(after) < 2:
         return {}
     third = max(1, len(after) // 3)
     first, last = after[:third], after[-third:]
-    keys = {k for s in after for k in s}
     result = {}
-    for key in sorted(keys):
+    for key in sorted({k for s in after for k in s}):
         if any(key not in s for s in after):
             result[key] = {"rss_mb": float("inf"), "fds": float("inf")}
             continue
@@ -219,9 +189,6 @@ def growth(samples: list[dict], warmup_s: float) -> dict[str, dict[str, float]]:
         for figure in ("rss_mb", "fds"):
             before = statistics.median(s[key][figure] for s in first)
             after_ = statistics.median(s[key][figure] for s in last)
-            # Non-socket descriptors are a few dozen a process: one more is a few percent. A leak
-            # per request passes this slack at once; one per registry write needs `make soak`'s
-            # full length to show.
             slack = FD_SLACK if figure == "fds" else 0
             result[key][figure] = round(max(0.0, after_ - before - slack) / before, 4)
     return result
@@ -235,8 +202,7 @@ async def run(
     store: Path | None = None,
     write_every_s: float = WRITE_EVERY_S,
 ) -> dict:
-    """``store``: the server's tenant store, when it is ours (the upload then sends an archive of
-    the trained tenant)."""
+    """``store``: the server's tenant store, when it is ours (the upload sends an archive from it)."""
     mix = Mix()
     async with Driver(url, mix.request, connections=CONNECTIONS, seed=5) as driver:
         await train_tenant(driver)
@@ -259,11 +225,14 @@ async def run(
         samples: list[dict] = []
         started = time.monotonic()
 
+        def take() -> dict:
+            t = round(time.monotonic() - started, 1)
+            samples.append({"t": t, "processes": sample(processes(server))})
+            return samples[-1]
+
         async def watch() -> None:
             while True:
-                t = round(time.monotonic() - started, 1)
-                samples.append({"t": t, "processes": sample(processes(server))})
-                print(f"  t={t:>5.0f} s  {samples[-1]['processes']}", flush=True)
+                print(f"  t={take()['t']:>5.0f} s  {samples[-1]['processes']}", flush=True)
                 await asyncio.sleep(interval)
 
         outcomes: list[Outcome] = []
@@ -277,9 +246,7 @@ async def run(
         watcher.cancel()
         stop.set()
         await writer
-        samples.append(
-            {"t": round(time.monotonic() - started, 1), "processes": sample(processes(server))}
-        )
+        take()
         warmup_s = max(interval, seconds / 5)
         grown = growth(samples, warmup_s)
         worst = max((v for g in grown.values() for v in g.values()), default=0.0)
@@ -289,8 +256,8 @@ async def run(
             rest_after, settled_after = await at_rest(server)
         sockets_grown = socket_growth(rest_before, rest_after)
         failed, failed_before = failures(outcomes), failures(before)
-        by_path = Counter(o.path for o in outcomes)
-        statuses = Counter(str(o.status) for o in outcomes)
+        settled = settled_before and settled_after
+        bounded = bool(grown) and worst <= GROWTH_LIMIT and not any(sockets_grown.values())
         return {
             "seconds": seconds,
             "interval_s": interval,
@@ -298,33 +265,19 @@ async def run(
             "capacity_per_s": round(capacity, 2),
             "offered_per_s": round(per_s, 2),
             "requests": len(outcomes),
-            "statuses": dict(sorted(statuses.items())),
-            "by_path": dict(sorted(by_path.items())),
+            "statuses": dict(sorted(Counter(str(o.status) for o in outcomes).items())),
+            "by_path": dict(sorted(Counter(o.path for o in outcomes).items())),
             "failures": dict(failed.most_common()),
             "capacity_failures": dict(failed_before.most_common()),
             "samples": samples,
             "growth_after_warmup": grown,
             "worst_growth": worst,
-            "sockets_at_rest": {
-                "before": rest_before,
-                "after": rest_after,
-                "settled": settled_before and settled_after,
-            },
+            "sockets_at_rest": {"before": rest_before, "after": rest_after, "settled": settled},
             "sockets_grown_at_rest": sockets_grown,
             # With --url the processes are not ours to sample: only the requests decide then.
             "passed": not failed
             and not failed_before
-            and (
-                server is None
-                or (
-                    bool(grown)
-                    and worst <= GROWTH_LIMIT
-                    and bool(rest_before)
-                    and settled_before
-                    and settled_after
-                    and not any(sockets_grown.values())
-                )
-            ),
+            and (server is None or (bounded and bool(rest_before) and settled)),
         }
 
 

@@ -18,6 +18,10 @@ def _at_least(value: float | None, limit: float) -> bool:
     return value is not None and value >= limit
 
 
+def _ratio(target: str, value: float, limit: float, unit: str = "") -> tuple[str, bool, str]:
+    return target, _at_least(value, limit), f"{value:.2f}{unit}"
+
+
 def targets(rows: list[dict], ratio_rows: list[dict], users: list[int], middle: int) -> list[dict]:
     """``middle``: the load the ratios are checked at; ``users``: every load of the run."""
     at = {(r["workload"], r["users"]): r for r in ratio_rows}
@@ -36,31 +40,13 @@ def targets(rows: list[dict], ratio_rows: list[dict], users: list[int], middle: 
     loadgen = max(r["loadgen_cpu_share"] for r in rows)
     int8 = chat.get("int8_over_fp32")
     checks = [
-        (
-            f"chat served/raw >= 0.70 ({middle} users)",
-            _at_least(chat["served_over_raw"], 0.70),
-            f"{chat['served_over_raw']:.2f}",
+        _ratio(f"chat served/raw >= 0.70 ({middle} users)", chat["served_over_raw"], 0.70),
+        _ratio(f"bulk served/raw >= 0.90 ({middle} users)", bulk["served_over_raw"], 0.90),
+        _ratio(f"chat >= 1.75x fastapi ({middle} users)", chat["vs_fastapi"], 1.75, "x"),
+        _ratio(
+            f"chat >= 1.0x hand-written batching ({middle} users)", chat["vs_handwritten"], 1.0, "x"
         ),
-        (
-            f"bulk served/raw >= 0.90 ({middle} users)",
-            _at_least(bulk["served_over_raw"], 0.90),
-            f"{bulk['served_over_raw']:.2f}",
-        ),
-        (
-            f"chat >= 1.75x fastapi ({middle} users)",
-            _at_least(chat["vs_fastapi"], 1.75),
-            f"{chat['vs_fastapi']:.2f}x",
-        ),
-        (
-            f"chat >= 1.0x hand-written batching ({middle} users)",
-            _at_least(chat["vs_handwritten"], 1.0),
-            f"{chat['vs_handwritten']:.2f}x",
-        ),
-        (
-            f"bulk >= 2.5x fastapi ({middle} users)",
-            _at_least(bulk["vs_fastapi"], 2.5),
-            f"{bulk['vs_fastapi']:.2f}x",
-        ),
+        _ratio(f"bulk >= 2.5x fastapi ({middle} users)", bulk["vs_fastapi"], 2.5, "x"),
         (f"int8 >= 1.5x fp32 on chat ({middle} users)", _at_least(int8, 1.5), f"{int8 or 0:.2f}x"),
         (f"stack: 0 failed or shed requests ({middle} users)", failures == 0, str(failures)),
         (

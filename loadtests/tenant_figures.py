@@ -1,16 +1,9 @@
 """Figures for the multi-tenant runner under a Zipf load (``make tenant-figures``).
 
-Starts the tenant runner alone with a memory budget holding a fraction of the demo whole-model
-tenants (``make tenants-mixed`` first), sends classify requests whose tenant is drawn Zipf-style,
-and prints: warm and cold latency (split by the runner's X-Tenant-Cache header, cold also by model
-format), hit rate, and the worker's ready, peak and final resident memory against the budget. Then
-what the same number of head tenants costs (``make tenants`` first): the worker's resident memory
-with them all loaded, against the same runner with an empty store.
-
     python -m loadtests.tenant_figures [--tenants 1000] [--budget-fraction 0.1] [--requests 4000]
 
-Exits 1 when a request failed, 3 when the worker's peak went above ready + 1.25 x budget, 2 when
-a store lacks tenants.
+What it measures: loadtests/README.md, "make tenant-figures". Exits 1 when a request failed, 3
+when the worker's peak went above ready + 1.25 x budget, 2 when a store lacks tenants.
 """
 
 from __future__ import annotations
@@ -31,6 +24,8 @@ from runners.tenants.loader import RESIDENT_PER_FILE_BYTE
 from runners.tenants.settings import TenantRunnerSettings, default_store
 from runners.tenants.store import TenantStore, size_of
 from testkit.processes import ROOT, Server, bentoml_serve
+
+RUNNER = "runners.tenants.service:TenantRunner"
 
 
 @dataclass
@@ -68,14 +63,15 @@ def head_cost(head_store: Path, count: int, scratch: Path) -> tuple[float, float
             shutil.copytree(head_store / name, store / name, symlinks=True)
         env = {"BUNDLE_TENANTS_STORE": str(store)}
         log = ROOT / "build" / f"tenant-figures-heads-{n}.log"
-        with bentoml_serve("runners.tenants.service:TenantRunner", log, env=env) as server:
+        with bentoml_serve(RUNNER, log, env=env) as server:
             ready.append(worker_rss_mb(server, "VmRSS"))
         shutil.rmtree(store)
     return ready[0], ready[1]
 
 
-def pct(values: list[float], q: float) -> float:
-    return float(np.percentile(values, q)) if values else float("nan")
+def latency(ms: list[float]) -> str:
+    p50, p99 = np.percentile(ms, [50, 99]) if ms else (float("nan"), float("nan"))
+    return f"p50 {p50:.1f} ms, p99 {p99:.1f} ms"
 
 
 async def drive(
@@ -91,9 +87,8 @@ async def drive(
                 started = time.perf_counter()
                 resp = await client.post("/classify", json={"tenant": tenant, "ids": ids})
                 ms = (time.perf_counter() - started) * 1000
-                results.append(
-                    Result(tenant, ms, resp.headers.get("x-tenant-cache", "?"), resp.status_code)
-                )
+                cache = resp.headers.get("x-tenant-cache", "?")
+                results.append(Result(tenant, ms, cache, resp.status_code))
 
         await asyncio.gather(*(user() for _ in range(concurrency)))
     return results
@@ -115,19 +110,14 @@ def zipf_requests(names: list[str], count: int, s: float, spm) -> list[tuple[str
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m loadtests.tenant_figures", description=__doc__.splitlines()[0]
-    )
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tenants", type=int, default=1000)
     parser.add_argument("--budget-fraction", type=float, default=0.1)
     parser.add_argument("--requests", type=int, default=4000)
     parser.add_argument("--concurrency", type=int, default=16)
     parser.add_argument("--zipf", type=float, default=1.1, help="exponent s: P(rank r) ~ 1/r^s")
     parser.add_argument(
-        "--head-store",
-        type=Path,
-        default=default_store(),
-        help="the head tenants' store (make tenants; default: the tenant runner's default store)",
+        "--head-store", type=Path, default=default_store(), help="the head tenants' store"
     )
     args = parser.parse_args(argv)
 
@@ -139,8 +129,7 @@ def main(argv: list[str] | None = None) -> int:
     settings = TenantRunnerSettings()
     tenants = TenantStore(settings.store)
     names = [demo.tenant(i).name for i in range(1, args.tenants + 1)]
-    missing = [n for n in names if tenants.current(n) is None]
-    if missing:
+    if missing := [n for n in names if tenants.current(n) is None]:
         print(
             f"error: {len(missing)} demo tenants missing from {settings.store}: run `make tenants N={args.tenants}`"
         )
@@ -155,20 +144,17 @@ def main(argv: list[str] | None = None) -> int:
     )
     requests = zipf_requests(names, args.requests, args.zipf, spm)
     print(
-        f"{args.tenants} tenants, {total / (1 << 20):.0f} MB on disk, ~{resident / (1 << 20):.0f} MB if all "
-        f"were loaded; budget {budget_mb:.0f} MB "
-        f"({args.budget_fraction:.0%}); {args.requests} requests, Zipf s={args.zipf}, "
-        f"{len({t for t, _ in requests})} distinct tenants, {args.concurrency} concurrent clients"
+        f"{args.tenants} tenants, {total / (1 << 20):.0f} MB on disk, ~{resident / (1 << 20):.0f} "
+        f"MB if all were loaded; budget {budget_mb:.0f} MB ({args.budget_fraction:.0%}); "
+        f"{args.requests} requests, Zipf s={args.zipf}, {len({t for t, _ in requests})} distinct "
+        f"tenants, {args.concurrency} concurrent clients"
     )
 
     env = {
         "BUNDLE_TENANTS_MEMORY_BUDGET_MB": f"{budget_mb:.1f}",
         "BUNDLE_TENANTS_STORE": str(settings.store),
     }
-    server = bentoml_serve(
-        "runners.tenants.service:TenantRunner", ROOT / "build" / "tenant-figures.log", env=env
-    )
-    with server:
+    with bentoml_serve(RUNNER, ROOT / "build" / "tenant-figures.log", env=env) as server:
         # The bound's base is the worker's high-water mark once ready (start-up included: the
         # runtimes' imports and warm-up); its resident size then is printed beside it.
         ready_mb, ready_now_mb = worker_rss_mb(server), worker_rss_mb(server, "VmRSS")
@@ -183,13 +169,11 @@ def main(argv: list[str] | None = None) -> int:
     cold = [r.ms for r in ok if r.cache == "miss"]
     print(f"throughput {len(results) / elapsed:.0f} requests/s, failures {len(results) - len(ok)}")
     print(f"hit rate {len(warm) / max(1, len(ok)):.3f} ({len(warm)} warm, {len(cold)} cold)")
-    print(f"warm latency p50 {pct(warm, 50):.1f} ms, p99 {pct(warm, 99):.1f} ms")
-    print(f"cold latency p50 {pct(cold, 50):.1f} ms, p99 {pct(cold, 99):.1f} ms")
+    print(f"warm latency {latency(warm)}")
+    print(f"cold latency {latency(cold)}")
     for kind in ("onnx", "tf"):
         cold_kind = [r.ms for r in ok if r.cache == "miss" and fmt[r.tenant] == kind]
-        print(
-            f"  cold {kind:<4} p50 {pct(cold_kind, 50):.1f} ms, p99 {pct(cold_kind, 99):.1f} ms ({len(cold_kind)})"
-        )
+        print(f"  cold {kind:<4} {latency(cold_kind)} ({len(cold_kind)})")
     print(
         f"mean load {stats['load_seconds'] / max(1, stats['loads']) * 1000:.1f} ms over {stats['loads']:.0f} loads"
     )

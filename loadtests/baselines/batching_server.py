@@ -1,9 +1,6 @@
 """What an expert writes by hand in ~100 lines: one Starlette app on uvicorn (httptools, uvloop),
 ONNX Runtime, and a simple dynamic batcher that sorts by length.
 
-    uvicorn loadtests.baselines.batching_server:app --host 127.0.0.1 --port 8000 \
-        --http httptools --loop uvloop --no-access-log
-
 Requests are tokenized on the event loop and queued; one loop takes everything waiting (up to
 ``MAX_ROWS`` sentences), sorts it by length, runs it in sub-batches of at most ``BATCH_TOKENS``
 padded tokens on the engine thread, and answers each request. No admission control, no deadlines,
@@ -102,6 +99,5 @@ async def lifespan(_: Starlette) -> AsyncIterator[None]:
 
 
 app = Starlette(
-    routes=[Route("/embed", embed, methods=["POST"]), Route("/health", health)],
-    lifespan=lifespan,
+    routes=[Route("/embed", embed, methods=["POST"]), Route("/health", health)], lifespan=lifespan
 )

@@ -1,7 +1,5 @@
-"""The design the tokenizer/model-server split replaces: a plain FastAPI + ONNX Runtime server answering one request at a time.
-
-uvicorn loadtests.baselines.fastapi_server:app --host 127.0.0.1 --port 8000
-"""
+"""The design the tokenizer/model-server split replaces: a plain FastAPI + ONNX Runtime server
+answering one request at a time."""
 
 from __future__ import annotations
 

@@ -5,8 +5,6 @@ dispatcher merges calls by item count and each merged batch is padded to its lon
 The only change from the defaults: ``runner_connection`` raised, without which the caller's pool
 is recycled every 100 requests, killing calls in flight. It serves the catalogue's first embed
 model (models/encoder.py).
-
-    bentoml serve loadtests.baselines.naive_bentoml:NaiveFront
 """
 
 from __future__ import annotations
