@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Annotated, Any
 
@@ -128,13 +128,15 @@ def servables(
     batchers: Mapping[tuple[str, str], Batcher],
     specs: Mapping[tuple[str, str], ModelSpec],
     suffixes: Mapping[str, str],
+    aliases: Mapping[str, Sequence[str]] | None = None,
 ) -> dict[str, Servable]:
     """Each model of a runner under its TF Serving name (its name, and the suffix of a backend
-    that has one: ``-int8``), and ``model`` (TF Serving's default name) for the first."""
-    named = {
-        name + suffixes.get(backend, ""): Servable(batcher, specs[(name, backend)])
-        for (name, backend), batcher in batchers.items()
-    }
+    that has one: ``-int8``), under its catalogue aliases the same way, and ``model`` (TF
+    Serving's default name) for the first."""
+    named = {}
+    for (name, backend), batcher in batchers.items():
+        for base in (name, *(aliases or {}).get(name, ())):
+            named[base + suffixes.get(backend, "")] = Servable(batcher, specs[(name, backend)])
     if named:
         named.setdefault("model", next(iter(named.values())))
     return named
@@ -143,7 +145,13 @@ def servables(
 def names_of(entries: list[Entry], backends: list[str], suffixes: Mapping[str, str]) -> list[str]:
     """The TF Serving names of ``entries`` on ``backends`` (``servables``' keys, from the
     catalogue alone: for the OpenAPI document, before any model is loaded)."""
-    names = [e.name + suffixes.get(b, "") for e in entries for b in e.backends if b in backends]
+    names = [
+        base + suffixes.get(b, "")
+        for e in entries
+        for b in e.backends
+        if b in backends
+        for base in (e.name, *e.aliases)
+    ]
     return [*names, "model"] if names else names
 
 

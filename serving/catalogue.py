@@ -69,6 +69,11 @@ class Entry(BaseModel):
     sha256: str | None = Field(
         None, pattern=r"^[0-9a-f]{64}$", description="Expected sha256 of model.safetensors."
     )
+    aliases: tuple[str, ...] = Field(
+        (),
+        description="Other names TF Serving's REST API serves the model under (and each with its "
+        "backends' suffixes): names its clients already send.",
+    )
 
     @field_validator("name")
     @classmethod
@@ -78,6 +83,14 @@ class Entry(BaseModel):
                 f"{value!r} is not a model name: 1-63 of letters, digits, '.', '_', '-', "
                 "starting with a letter or digit"
             )
+        return value
+
+    @field_validator("aliases")
+    @classmethod
+    def _aliases(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        for alias in value:
+            if not NAME.match(alias):
+                raise ValueError(f"{alias!r} is not a model name")
         return value
 
     @field_validator("backends")
@@ -161,14 +174,22 @@ class Catalogue(BaseModel):
                     )
                 )
             seen[key] = entry.name
-        # OpenAI's and TF Serving's names for a model's other backends are its name and a
-        # suffix: no entry may be named so.
+        # OpenAI's and TF Serving's names for a model's other backends are its name (or an
+        # alias) and a suffix: no entry may be named so, and an alias names one model only.
         names = {entry.name for entry in value}
+        owners: dict[str, str] = {}
+        for entry in value:
+            for alias in entry.aliases:
+                if alias in names or alias in owners:
+                    other = owners.get(alias, alias)
+                    raise ValueError(f"alias {alias!r} of {entry.name!r} also names {other!r}")
+                owners[alias] = entry.name
         for entry in value:
             for suffix in ("-onnx", "-int8", "-tf"):
-                if entry.name.endswith(suffix) and entry.name.removesuffix(suffix) in names:
+                base = entry.name.removesuffix(suffix)
+                if entry.name.endswith(suffix) and (base in names or base in owners):
                     raise ValueError(
-                        f"{entry.name!r} is the name of {entry.name.removesuffix(suffix)!r}'s "
+                        f"{entry.name!r} is the name of {owners.get(base, base)!r}'s "
                         f"{suffix[1:]} backend on OpenAI's and TF Serving's routes: name it "
                         "otherwise"
                     )

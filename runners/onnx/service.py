@@ -60,7 +60,8 @@ class OnnxRunner:
             self.batchers = embedding.batchers(
                 "onnx_runner", sessions(1), self.specs, SETTINGS.policy, lanes, solos=solos
             )
-        self.servables = tf_serving.servables(self.batchers, self.specs, SUFFIXES)
+        aliases = {entry.name: entry.aliases for entry in SERVED}
+        self.servables = tf_serving.servables(self.batchers, self.specs, SUFFIXES, aliases)
 
     @bentoml.api
     @replies_on_error

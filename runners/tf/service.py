@@ -36,7 +36,8 @@ class TFRunner:
             for d in DECLARED
         }
         self.batchers = embedding.batchers("tf_runner", engines, self.specs, SETTINGS.policy)
-        self.servables = tf_serving.servables(self.batchers, self.specs, {})
+        aliases = {entry.name: entry.aliases for entry in SERVED}
+        self.servables = tf_serving.servables(self.batchers, self.specs, {}, aliases)
 
     @bentoml.api
     @replies_on_error

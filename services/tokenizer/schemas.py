@@ -127,10 +127,11 @@ class TokenizeRequest(Request):
         "catalogue's first embed model).",
         validate_default=False,
     )
-    tokenizer: Literal["model", "sentencepiece"] = Field(
+    tokenizer: Literal["model", "sentencepiece", "minilm"] = Field(
         "model",
         description="model: the model's own tokenizer, its special tokens included; "
-        "sentencepiece: the unigram model tenants' whole models read.",
+        "sentencepiece: the unigram model tenants' whole models read; minilm: what `model` was "
+        "called when one model was served, kept for the clients that send it.",
     )
 
 

@@ -26,6 +26,19 @@ def test_predict_api_strips_padding(onnx_runner: TestClient) -> None:
     assert np.dot(int8[0], b.json()["outputs"][0]) > 0.95
 
 
+def test_the_names_clients_sent_before_the_catalogue_still_serve(onnx_runner: TestClient) -> None:
+    """The default catalogue's alias: `minilm` and `minilm-int8`, as TF Serving's clients called
+    the model when it was the only one, answer as its catalogue names do."""
+    body = {"inputs": {"input_ids": [IDS]}}
+    for old, new in (("minilm", "all-MiniLM-L6-v2"), ("minilm-int8", "all-MiniLM-L6-v2-int8")):
+        before = onnx_runner.post(f"/v1/models/{old}:predict", json=body)
+        now = onnx_runner.post(f"/v1/models/{new}:predict", json=body)
+        assert before.status_code == now.status_code == 200, before.text
+        np.testing.assert_allclose(before.json()["outputs"], now.json()["outputs"], atol=1e-6)
+        status = onnx_runner.get(f"/v1/models/{old}").json()
+        assert status["model_version_status"][0]["state"] == "AVAILABLE"
+
+
 def test_predict_api_errors(onnx_runner: TestClient) -> None:
     missing = onnx_runner.post("/v1/models/bert:predict", json={"inputs": {"input_ids": [IDS]}})
     assert missing.status_code == 404 and "bert" in missing.text

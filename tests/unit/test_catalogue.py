@@ -63,11 +63,19 @@ def test_an_entry_takes_its_defaults() -> None:
         ([{"name": "M", "source": "s"}, {"name": "m", "source": "s"}], ["two entries are named"]),
         ([{"name": "ok", "source": "s"}], ["two entries are named 'ok'"]),
         ([{"name": "ok-int8", "source": "s"}], ["'ok-int8' is the name of 'ok'"]),
+        ([{"name": "m", "source": "s", "aliases": ["ok"]}], ["alias 'ok' of 'm' also names 'ok'"]),
+        (
+            [{"name": "m", "source": "s", "aliases": ["x"]}, {"name": "n", "source": "s", "aliases": ["x"]}],
+            ["alias 'x' of 'n' also names 'm'"],
+        ),
+        ([{"name": "m", "source": "s", "aliases": ["x"]}, {"name": "x-tf", "source": "s"}], ["'x-tf' is the name of 'm'"]),
+        ([{"name": "m", "source": "s", "aliases": ["a b"]}], ["'a b' is not a model name"]),
     ],
     ids=[
         "unknown key", "missing source", "unknown backend", "backend twice", "unknown task",
         "unknown pooling", "zero dimensions", "max_length too short", "name not fit for a URL",
-        "names equal in the store", "duplicate name", "a backend's name",
+        "names equal in the store", "duplicate name", "a backend's name", "alias of a name",
+        "alias twice", "a backend's name by alias", "alias not fit for a URL",
     ],
 )  # fmt: skip
 def test_a_bad_entry_is_refused_naming_the_entry_and_the_field(
