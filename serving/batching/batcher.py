@@ -23,6 +23,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import heapq
+import itertools
+import math
 import queue
 import threading
 import time
@@ -74,6 +77,12 @@ class Lanes:
     once, and one more waits in line so that a lane never idles between two calls. A solo call
     holds every slot: nothing runs beside it on the cores it uses.
 
+    Shared by several batchers (one per model, or per tenant), the lanes serve the smallest work
+    first: a free slot goes to the waiting batcher with the fewest tokens to do, and a free lane
+    takes the smallest call in line. A model whose queue is full of bulk work then delays a model
+    with one sentence to embed by the calls already running, not by its whole queue; among equals
+    the order is first come, first served.
+
     The threads are the lanes' own, not a ``ThreadPoolExecutor``'s: a call is a plain function
     handed over on a ``SimpleQueue``, and its result comes back as one ``call_soon_threadsafe``
     callback, where ``loop.run_in_executor`` and a task per call cost the event loop's thread a
@@ -92,55 +101,83 @@ class Lanes:
         self.slots = count + 1
         self.name = name
         self.held = 0  # slots held by calls handed over and not finished (running or in line)
-        self._slots = asyncio.Semaphore(self.slots)
-        # A call, what to do with its result, the loop to do it on; None stops a thread.
-        self._work: queue.SimpleQueue[tuple[Callable[[], Any], Callable[..., None], Any] | None] = (
-            queue.SimpleQueue()
-        )
+        self._free = self.slots
+        # Batchers waiting for a slot: (their tokens to do, arrival, the future that wakes them).
+        self._waiting: list[tuple[float, int, asyncio.Future[None]]] = []
+        self._arrivals = itertools.count()
+        # Calls in line: (size, arrival, (the call, what to do with its result, the loop to do it
+        # on)); an item of None stops a thread, after the work queued before it.
+        self._work: queue.PriorityQueue[tuple[float, int, Any]] = queue.PriorityQueue()
         self._threads: list[threading.Thread] = []
 
-    async def place(self, slots: int = 1) -> None:
-        """Wait until ``slots`` more are free, and hold them (none, if cancelled meanwhile)."""
+    async def place(self, slots: int = 1, tokens: float = 0) -> None:
+        """Wait until ``slots`` more are free, and hold them (none, if cancelled meanwhile).
+        ``tokens``: the work the caller has to do; the fewest are served first."""
         taken = 0
         try:
             for _ in range(slots):
-                await self._slots.acquire()
+                await self._acquire(tokens)
                 self.held += 1
                 taken += 1
         except asyncio.CancelledError:
             self.done(taken)
             raise
 
+    async def _acquire(self, tokens: float) -> None:
+        if self._free > 0 and not self._waiting:
+            self._free -= 1
+            return
+        woken: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        heapq.heappush(self._waiting, (tokens, next(self._arrivals), woken))
+        try:
+            await woken
+        except asyncio.CancelledError:
+            if woken.done() and not woken.cancelled():  # given the slot, then cancelled
+                self._release()
+            raise  # a cancelled waiter is left in the heap, done: _release skips it
+
+    def _release(self) -> None:
+        while self._waiting:
+            woken = heapq.heappop(self._waiting)[2]
+            if not woken.done():
+                woken.set_result(None)
+                return
+        self._free += 1
+
     def done(self, slots: int = 1) -> None:
         self.held -= slots
         for _ in range(slots):
-            self._slots.release()
+            self._release()
 
     def run(
-        self, work: Callable[[], Any], then: Callable[[Any, BaseException | None], None]
+        self,
+        work: Callable[[], Any],
+        then: Callable[[Any, BaseException | None], None],
+        size: float = 0,
     ) -> None:
         """Run ``work()`` on a lane's thread, then ``then(result, error)`` on the calling event
-        loop (``error`` is what ``work`` raised, or None). Raises if a lane's thread cannot
-        start (then the work is not queued). Threads start with the first call, daemons: a call
-        still running at interpreter exit is not waited for."""
+        loop (``error`` is what ``work`` raised, or None); ``size``: the call's padded tokens, the
+        smallest in line running first. Raises if a lane's thread cannot start (then the work is
+        not queued). Threads start with the first call, daemons: a call still running at
+        interpreter exit is not waited for."""
         while len(self._threads) < self.count:  # one that failed to start is tried again
             thread = threading.Thread(
                 target=self._serve, name=f"{self.name}_{len(self._threads)}", daemon=True
             )
             thread.start()
             self._threads.append(thread)
-        self._work.put((work, then, asyncio.get_running_loop()))
+        self._work.put((size, next(self._arrivals), (work, then, asyncio.get_running_loop())))
 
     def close(self) -> None:
         """Stop the threads once the work queued before is done (for lanes no longer used)."""
         for _ in self._threads:
-            self._work.put(None)
+            self._work.put((math.inf, next(self._arrivals), None))
         for thread in self._threads:
             thread.join()
         self._threads.clear()
 
     def _serve(self) -> None:
-        while (item := self._work.get()) is not None:
+        while (item := self._work.get()[2]) is not None:
             work, then, loop = item
             try:
                 result, error = work(), None
@@ -264,7 +301,7 @@ class Batcher:
             while self.queue or self._held:
                 # A call is chosen only once a lane slot is held: until then, requests arriving
                 # join the rows it is chosen from.
-                await self.lanes.place()
+                await self.lanes.place(tokens=self.admission.waiting + self._held_tokens)
                 call = self._next_call()
                 if call is None:
                     self.lanes.done()
@@ -349,7 +386,9 @@ class Batcher:
         engine = self.solo if held > 1 else self.engine
         self._running += 1
         try:
-            self.lanes.run(partial(self._compute, call, engine), partial(self._answer, call, held))
+            self.lanes.run(
+                partial(self._compute, call, engine), partial(self._answer, call, held), call.padded
+            )
         except Exception as exc:  # no lane thread could start: answered, slots freed
             self._answer(call, held, None, exc)
 

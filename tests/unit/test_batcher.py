@@ -276,7 +276,10 @@ def test_held_rows_past_their_deadline_are_failed_before_they_are_cut_into_a_cal
         batcher = Batcher(engine, Policy(max_batch_rows=1), lanes=Lanes(1), recorder=recorder)
         handed = []
         run_on_lane = batcher.lanes.run
-        batcher.lanes.run = lambda work, then: (handed.append(work), run_on_lane(work, then))
+        batcher.lanes.run = lambda work, then, size=0: (
+            handed.append(work),
+            run_on_lane(work, then, size),
+        )
         blocker = asyncio.create_task(batcher.submit([[1] * 5]))
         await asyncio.sleep(0.05)  # on the lane
         # One round: the oldest row (the next call) goes in line, the late request's two are held.
@@ -498,6 +501,66 @@ def test_policy_validates_limits() -> None:
         replace(Policy(), deadline_s=0)
 
 
+def test_shared_lanes_serve_the_batcher_with_the_least_work_first() -> None:
+    """Two batchers on one lane (two models of a runner): A has a queue of long rows, one call
+    running and one in line, when B asks for one short row. The next free slot goes to B, the
+    batcher with fewer tokens to do, so B's call runs right after A's call in line, before the
+    rest of A's queue (first come, first served would put it after A's next call too)."""
+    from serving.batching import Lanes
+
+    engine = FakeEngine(delay_s=0.1)
+
+    async def main():
+        lanes = Lanes(1)
+        a = Batcher(engine, Policy(max_batch_rows=1), lanes=lanes)
+        b = Batcher(engine, Policy(max_batch_rows=1), lanes=lanes)
+        bulk = [asyncio.create_task(a.submit([[i] * 30])) for i in range(1, 7)]
+        await asyncio.sleep(0.05)  # A's first call on the lane, its second in line
+        short = asyncio.create_task(b.submit([[99] * 3]))
+        await asyncio.gather(short, *bulk)
+        await a.close()
+        await b.close()
+
+    run(main())
+    assert engine.seen == [1, 2, 99, 3, 4, 5, 6]
+
+
+def test_a_free_lane_takes_the_smallest_call_in_line() -> None:
+    """Calls handed to the lanes while every lane is busy run smallest first, in arrival order
+    among equals."""
+    from serving.batching import Lanes
+
+    order: list[str] = []
+    release = threading.Event()
+
+    async def main():
+        lanes = Lanes(1, "test-engine")
+        done = asyncio.get_running_loop().create_future()
+        answered: list[str] = []
+
+        def then(result: str, error: BaseException | None) -> None:
+            answered.append(result)
+            if len(answered) == 4:
+                done.set_result(None)
+
+        def work(name: str) -> str:
+            if name == "first":
+                release.wait(5)
+            order.append(name)
+            return name
+
+        lanes.run(lambda: work("first"), then, 100)
+        await asyncio.sleep(0.05)  # the lane busy with the first call
+        for name, size in (("big", 500), ("small", 10), ("big too", 500)):
+            lanes.run(lambda name=name: work(name), then, size)
+        release.set()
+        await asyncio.wait_for(done, 5)
+        lanes.close()
+
+    run(main())
+    assert order == ["first", "small", "big", "big too"]
+
+
 def test_lanes_run_calls_at_once_and_a_lone_call_runs_solo() -> None:
     """Two lanes: a backlog runs on both at once, on the one-thread engine; a call that is alone
     (nothing running, nothing queued) runs on the solo engine."""
@@ -691,9 +754,9 @@ def test_a_close_while_a_solo_call_waits_for_its_slots_answers_its_request() -> 
         batcher = Batcher(FakeEngine(), Policy(), lanes=Lanes(2), solo=FakeEngine())
         place, waiting = batcher.lanes.place, asyncio.Event()
 
-        async def slots_never_free(slots: int = 1) -> None:
+        async def slots_never_free(slots: int = 1, tokens: float = 0) -> None:
             if slots == 1:
-                return await place(slots)
+                return await place(slots, tokens)
             waiting.set()
             await asyncio.Event().wait()  # the other slots stay busy until the close
 
