@@ -49,9 +49,10 @@ class OnnxRunner:
 
         lanes = SETTINGS.lane_count
         if lanes == 1:
-            self.batchers = embedding.batchers(
-                "onnx_runner", sessions(SETTINGS.threads), self.specs, SETTINGS.policy
-            )
+            # One lane runs one session at a time over every core; where there are several (models,
+            # backends), an idle one's threads must not spin beside the one running.
+            wide = sessions(SETTINGS.threads, spin_between_runs=len(DECLARED) == 1)
+            self.batchers = embedding.batchers("onnx_runner", wide, self.specs, SETTINGS.policy)
         else:  # one-thread sessions on parallel lanes, and a solo session on every lane's core
             # A solo session runs when nothing else is waiting: its threads stop spinning when a
             # run ends, leaving the cores to the hops that answer the request
