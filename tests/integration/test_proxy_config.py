@@ -29,16 +29,19 @@ def haproxy() -> list[str]:
     return ["env", f"LD_LIBRARY_PATH={root / 'usr' / 'lib' / 'x86_64-linux-gnu'}", str(binary)]
 
 
-def check(path: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([*haproxy(), "-c", "-f", str(path)], capture_output=True, text=True)
+def check(path: Path, *env: str) -> subprocess.CompletedProcess[str]:
+    """HAProxy's check of a config; ``env``: NAME=value pairs its ``.if`` blocks may test."""
+    argv = [*haproxy()[:1], *env, *haproxy()[1:], "-c", "-f", str(path)]
+    return subprocess.run(argv, capture_output=True, text=True)
 
 
 def section(cfg: str, name: str) -> list[str]:
-    """The lines of one section (``backend tenant-runners``), comments and blanks dropped."""
+    """The lines of one section (``backend tenant-runners``), comments, blanks and conditional
+    blocks' markers (``.if``) dropped."""
     lines, inside = [], False
     for raw in cfg.splitlines():
         line = raw.split("#", 1)[0].rstrip()
-        if not line:
+        if not line or line.startswith("."):
             continue
         if not raw.startswith(" "):
             inside = line == name
@@ -61,6 +64,49 @@ def test_both_configs_pass_haproxys_check() -> None:
         proc = check(path)
         assert proc.returncode == 0, proc.stdout + proc.stderr
         assert "Configuration file is valid" in proc.stdout + proc.stderr
+
+
+def test_the_kubernetes_config_sends_runner_calls_to_kedas_interceptor_when_told() -> None:
+    """deploy/k8s/overlays/scale-to-zero sets BUNDLE_PROXY_KEDA_INTERCEPTOR on the proxy: each
+    embedding runner's backend then has the interceptor as its one server, unchecked (a health
+    check through it would keep a replica up), and names the runner in Host for it to route."""
+    interceptor = "BUNDLE_PROXY_KEDA_INTERCEPTOR=keda-add-ons-http-interceptor-proxy.keda:8080"
+    proc = check(K8S_CFG, interceptor)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    for kind in ("onnx", "tf"):
+        through = resolved(K8S_CFG.read_text(), f"backend {kind}-runners", interceptor)
+        assert [line for line in through if line.startswith("server")] == [
+            'server keda-interceptor "${BUNDLE_PROXY_KEDA_INTERCEPTOR}" no-check'
+        ]
+        assert f"http-request set-header Host {kind}-runner" in through
+        assert not any(line.startswith("option httpchk") for line in through)
+        direct = resolved(K8S_CFG.read_text(), f"backend {kind}-runners")
+        assert [line.split()[0] for line in direct if line.startswith("server")] == [
+            "server-template"
+        ]
+        assert "option httpchk GET /readyz" in direct
+
+
+def resolved(cfg: str, name: str, *env: str) -> list[str]:
+    """A section's lines as HAProxy reads them: ``.if defined(NAME)`` blocks kept or dropped by
+    whether ``env`` defines NAME (the only condition the configs use)."""
+    defined = {pair.split("=", 1)[0] for pair in env}
+    lines, inside, keep = [], False, [True]
+    for raw in cfg.splitlines():
+        line = raw.split("#", 1)[0].rstrip()
+        if not line:
+            continue
+        if m := re.fullmatch(r"\.if defined\((\w+)\)", line):
+            keep.append(m[1] in defined)
+        elif line == ".else":
+            keep[-1] = not keep[-1]
+        elif line == ".endif":
+            keep.pop()
+        elif not raw.startswith(" "):
+            inside = line == name
+        elif inside and all(keep):
+            lines.append(line.strip())
+    return lines
 
 
 def test_a_broken_config_fails_the_check(tmp_path: Path) -> None:

@@ -21,9 +21,16 @@ from testkit.processes import ROOT
 
 DEPLOY = ROOT / "deploy"
 COMPOSE = DEPLOY / "compose" / "docker-compose.yml"
-KUSTOMIZATIONS = ["base", "overlays/canary", "overlays/blue-green", "overlays/blue-green-switched"]
+KUSTOMIZATIONS = [
+    "base",
+    "overlays/canary",
+    "overlays/blue-green",
+    "overlays/blue-green-switched",
+    "overlays/scale-to-zero",
+]
 YATAI_SCHEMA = ROOT.parent / "shared" / "schemas" / "yatai-bentodeployment-v2alpha1.schema.json"
 YATAI = sorted((DEPLOY / "yatai").glob("*.yaml"))
+KEDA_SCHEMA = ROOT.parent / "shared" / "schemas" / "keda-httpscaledobject-v1alpha1.schema.json"
 BENTOS = {"tokenizer", "onnx-runner", "tf-runner", "tenant-runner"}
 
 
@@ -137,7 +144,9 @@ def test_kustomizations_render_and_pass_strict_validation(kustomization: str) ->
     resources = render(kustomization)
     for resource in resources:
         name = f"{resource['kind']}/{resource['metadata']['name']}"
-        assert not k8s_errors(resource), (name, k8s_errors(resource))
+        # KEDA's resources against the CRD's own schema; Kubernetes' against its schemas
+        errors = keda_errors if resource["apiVersion"].startswith("http.keda.sh/") else k8s_errors
+        assert not errors(resource), (name, errors(resource))
     kinds = {r["kind"] for r in resources}
     assert {"Deployment", "StatefulSet", "Service", "HorizontalPodAutoscaler",
             "PodDisruptionBudget", "ConfigMap", "NetworkPolicy"} <= kinds  # fmt: skip
@@ -334,3 +343,66 @@ def test_a_broken_bento_deployment_fails_the_schema(breakage: str) -> None:
     else:
         resource["spec"]["autoscaling"]["maxReplicas"] = "ten"
     assert yatai_errors(resource)
+
+
+# --- KEDA (overlays/scale-to-zero) ----------------------------------------------------------
+
+
+def keda_errors(resource: dict[str, Any]) -> list[str]:
+    schema = strict(json.loads(KEDA_SCHEMA.read_text()))
+    validator = jsonschema.validators.validator_for(schema)(schema)
+    return [
+        f"{'/'.join(map(str, e.absolute_path))}: {e.message}"
+        for e in validator.iter_errors(resource)
+    ]
+
+
+def test_scale_to_zero_hands_each_embedding_runner_to_keda() -> None:
+    """Each embedding runner Deployment is the target of one HTTPScaledObject from zero replicas,
+    and of no CPU autoscaler; its Service and port exist; the proxy sets the Host the object
+    routes on, and its runner calls go through KEDA's interceptor."""
+    resources = render("overlays/scale-to-zero")
+    by_kind: dict[str, dict[str, dict[str, Any]]] = {}
+    for r in resources:
+        by_kind.setdefault(r["kind"], {})[r["metadata"]["name"]] = r
+    scaled = by_kind["HTTPScaledObject"]
+    assert set(scaled) == {"onnx-runner", "tf-runner"}
+    autoscaled = {
+        h["spec"]["scaleTargetRef"]["name"] for h in by_kind["HorizontalPodAutoscaler"].values()
+    }
+    assert not autoscaled & set(scaled)
+    assert {"tokenizer", "tenant-runner"} <= autoscaled  # the rest keep theirs
+    config = next(iter(by_kind["ConfigMap"].values()))["data"]["haproxy.cfg"]
+    for name, resource in scaled.items():
+        spec, target = resource["spec"], resource["spec"]["scaleTargetRef"]
+        assert not keda_errors(resource)
+        assert spec["replicas"]["min"] == 0 and spec["hosts"] == [name]
+        assert (target["kind"], target["name"]) == ("Deployment", name) and name in by_kind[
+            "Deployment"
+        ]
+        # The CRD's own rule (CEL, which the JSON schema cannot state): a port or a port name.
+        assert ("port" in target) != ("portName" in target)
+        ports = [p["port"] for p in by_kind["Service"][target["service"]]["spec"]["ports"]]
+        assert target["port"] in ports
+        assert f"http-request set-header Host {name}" in config
+    proxy = by_kind["Deployment"]["proxy"]["spec"]["template"]["spec"]["containers"][0]
+    assert [e["name"] for e in proxy["env"]] == ["BUNDLE_PROXY_KEDA_INTERCEPTOR"]
+    # KEDA's interceptor, in its own namespace, may reach the runners it forwards to.
+    policy = by_kind["NetworkPolicy"]["runners-from-keda-interceptor"]["spec"]
+    assert policy["ingress"][0]["from"][0]["namespaceSelector"]["matchLabels"] == {
+        "kubernetes.io/metadata.name": "keda"
+    }
+
+
+@pytest.mark.parametrize("breakage", ["unknown field", "wrong type", "missing required"])
+def test_a_broken_http_scaled_object_fails_the_schema(breakage: str) -> None:
+    resource = copy.deepcopy(
+        next(r for r in render("overlays/scale-to-zero") if r["kind"] == "HTTPScaledObject")
+    )
+    if breakage == "unknown field":
+        resource["spec"]["minReplicaCount"] = 0  # a ScaledObject's field, not this CRD's
+    elif breakage == "wrong type":
+        resource["spec"]["replicas"]["min"] = "zero"
+    else:
+        del resource["spec"]["scaleTargetRef"]["service"]
+    assert keda_errors(resource)
