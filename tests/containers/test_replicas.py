@@ -26,10 +26,20 @@ def replica_of(server_id: int) -> str:
     return REPLICAS[server_id - 1]
 
 
+def all_replicas_up(stack: Stack) -> None:
+    """Every tenant runner up at the proxy: other tests recreate and restart them, and a call sent
+    to one still starting waits for it (a training queued there runs past its timeout)."""
+    deadline = time.monotonic() + 60
+    while stack.inside({"active": "tenant-runners"})["active"] < len(REPLICAS):
+        assert time.monotonic() < deadline, "the proxy does not see three tenant runners up"
+        time.sleep(2)
+
+
 @pytest.fixture(scope="module")
 def tenants(stack: Stack) -> list[list]:
     """50 demo tenants trained through the public API as ONNX models; [name, SentencePiece ids of
     a phrase]."""
+    all_replicas_up(stack)
 
     def train(spec: demo.DemoTenant) -> None:
         examples = [{"text": text, "intent": intent} for text, intent in spec.train]
@@ -52,12 +62,7 @@ def placed(stack: Stack, tenants: list[list]) -> dict[str, dict]:
     """Ten tenants asked through the public door (tokenizer → proxy), then every tenant asked 3
     times through the proxy directly; what answered, with every replica's cache figures before
     and after."""
-    deadline = (
-        time.monotonic() + 60
-    )  # all three replicas up at the proxy (other tests restart them)
-    while stack.inside({"active": "tenant-runners"})["active"] < len(REPLICAS):
-        assert time.monotonic() < deadline, "the proxy does not see three tenant runners up"
-        time.sleep(2)
+    all_replicas_up(stack)
     before = stack.inside({"stats": REPLICAS})
     for spec in TENANTS[:10]:
         reply = stack.client.post("/classify", json={"tenant": spec.name, "texts": ["hello"]})
