@@ -33,7 +33,9 @@ def two_models(out: Path) -> tuple[Path, str]:
     first = catalogue.current().default("embed")
     if first is None:
         raise SystemExit(f"error: {catalogue.path()} has no embed model")
-    second = first.model_copy(update={"name": SECOND, "backends": ("onnx",), "dimensions": None})
+    second = first.model_copy(
+        update={"name": SECOND, "backends": ("onnx",), "dimensions": None, "aliases": ()}
+    )
     source = first.source
     if not source.startswith("package:") and not Path(source).is_absolute():
         local = catalogue.path().parent / source
