@@ -76,8 +76,7 @@ def train_head(
     extra_metrics: dict[str, float] | None = None,
 ) -> Registered:
     """Examples embedded by ``encoder`` (a catalogue model) in, a head trained (in milliseconds:
-    docs/decisions/0011-head-tenants.md),
-    registered as the tenant's new version."""
+    docs/decisions/0011-head-tenants.md), registered as the tenant's new version."""
     check_name(tenant)
     _check_examples(len(vectors), intents)
     labels, weights, bias = heads.train(vectors, intents)
