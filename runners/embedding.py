@@ -45,8 +45,8 @@ def batchers(
 ) -> dict[Key, Batcher]:
     """One batcher per model and backend, each with its own queue, all sharing the instance's
     ``lanes``: calls of every model together never run on more lanes than the instance has cores
-    for, and a lane that frees goes to the batcher that has waited longest for one (a model
-    saturated with bulk requests takes a lane in turn, not every lane). ``solos``: each model's
+    for, and a lane that frees goes to the batcher with the least work to do (a model saturated
+    with bulk requests does not hold every lane while another waits). ``solos``: each model's
     engine for a call that runs alone (serving/batching/batcher.py)."""
     shared = Lanes(lanes, f"{runner}-engine")
     solos = solos or {}

@@ -4,8 +4,8 @@ Small random-weight checkpoints stand in for the architectures this machine has 
 (tests/checkpoints.py): RoBERTa with a byte-level BPE tokenizer, XLM-RoBERTa with a Unigram one,
 DistilBERT (no token types) with a WordPiece one. A temporary catalogue declares them as local
 checkpoints; the documented commands build (`make models CATALOGUE=...`), check
-(`python -m models.parity`) and serve them (`make serve CATALOGUE=...`), and every embedding route
-answers as PyTorch does.
+(`python -m models.parity`) and serve them (`make serve CATALOGUE=...`); `/embed` on every backend
+and `/v1/embeddings` answer as PyTorch does.
 """
 
 from __future__ import annotations
