@@ -22,6 +22,7 @@ from pydantic import BaseModel
 from services.tokenizer.openai_api import EMBEDDINGS_PATH, MODELS, openapi_paths
 from services.tokenizer.schemas import EmbedResponse
 from serving.catalogue import ModelSpec
+from serving.protocol import TenantInfo
 
 # The default embed model (the OpenAI table lists embed models, the default first).
 _MODEL = next(iter(MODELS.values()), ("", "onnx"))[0]
@@ -51,7 +52,7 @@ EXAMPLES: dict[str, dict[str, Any]] = {
 
 
 # Answers with a union field, restored from the model (path → the response's model).
-UNION_ANSWERS: dict[str, type[BaseModel]] = {"/embed": EmbedResponse}
+UNION_ANSWERS: dict[str, type[BaseModel]] = {"/embed": EmbedResponse, "/tenants/show": TenantInfo}
 
 
 # Where a request names a model (path → field, and the task its model must have; None: any).

@@ -35,3 +35,17 @@ def test_examples_openai_routes_and_the_union_are_added() -> None:
     assert {"/v1/embeddings", "/v1/models", "/v1/models/{name}"} <= set(paths)
     openai = paths["/v1/embeddings"]["post"]["requestBody"]["content"]["application/json"]
     assert openai["example"]["model"] in openai["schema"]["properties"]["model"]["enum"]
+
+
+def test_a_tenants_encoder_is_documented_as_possibly_null() -> None:
+    """A whole-model tenant has no encoder: /tenants/show answers null there, and its schema (which
+    BentoML writes as a plain string) must say so."""
+    show = {
+        "requestBody": {"content": {"application/json": {}}},
+        "responses": {"200": {"content": {"application/json": {"schema": {"properties": {
+            "encoder": {"type": "string"}}}}}}},
+    }  # fmt: skip
+    refined = refine({"paths": {"/tenants/show": {"post": show}}})
+    answer = refined["paths"]["/tenants/show"]["post"]["responses"]["200"]["content"]
+    encoder = answer["application/json"]["schema"]["properties"]["encoder"]
+    assert {"type": "null"} in encoder["anyOf"] and {"type": "string"} in encoder["anyOf"]
