@@ -5,8 +5,8 @@ middleware, its metrics middleware, OpenTelemetry's (which rebuilds the URL to t
 list even for excluded routes), the access log, a timeout middleware that starts a task per request,
 the service's own middlewares, a context middleware, Starlette's exception middleware and router,
 and an endpoint wrapper that calls ``inspect.signature`` per request. For a one-sentence request
-that machinery is a large share of the tokenizer's CPU (``make ab`` measures both paths:
-loadtests/README.md).
+that machinery is a large share of the tokenizer's CPU
+(docs/decisions/0015-lean-path-and-upgrades.md).
 
 ``HotPath`` sits in front of the app BentoML builds and answers the *hot routes* itself: the POST
 routes a service keeps out of tracing (``ServiceSettings.trace_requests`` off, the default) — its
@@ -44,7 +44,7 @@ Everything private it touches is reached through serving/internals.py. It falls 
 own path, with one warning naming what it met, whenever that is not what it was written for: a
 BentoML version it does not know (unless ``lean_path`` is ``on``), a private module that does not
 import, an attribute it cannot read when it builds its routes, or a layer in BentoML's stack that it
-does not know. ``lean_path=off`` turns it off outright (``make ab`` measures that configuration).
+does not know. ``lean_path=off`` turns it off outright.
 """
 
 from __future__ import annotations

@@ -38,8 +38,8 @@ from serving.protocol import MAX_SEQUENCES
 # must be there by then; and the later it goes, the more requests it carries, so the runner and
 # the tokenizer spend less CPU a request. Sent later than at once, and later again down to this
 # share, it kept the throughput and the lanes did not run dry. (One call in flight saves more CPU
-# but loses throughput at few users: tokenizer/settings.py.) The figures, and the `make ab` runs
-# that measure them again: docs/decisions/0003-coalescing.md.
+# but loses throughput at few users: tokenizer/settings.py.) The evidence:
+# docs/decisions/0003-coalescing.md.
 OVERLAP_SHARE = 0.1
 # A flush this close to its moment goes at once: uvloop's timers fire on whole milliseconds, up to
 # one early, and re-arming for the rest would spin the loop through call_soon until it passed.

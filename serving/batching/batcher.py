@@ -316,10 +316,10 @@ class Batcher:
         rows are held for the next free lane. So a call is cut from the rows held and the new
         round together, not only from those that arrived while the last round's calls were
         placed: the engine serves more from larger planned rounds. The calls are no larger for
-        it: a runner call from the tokenizer brings several times the rows of an engine call
-        (``make ab`` prints "rows a runner call" and "an engine call"), and the planner cuts them
-        as ``grouping.CALL_OVERHEAD_TOKENS`` weighs a call (docs/decisions/0002-batcher-planning.md,
-        0001-call-weight.md). None when every row has gone.
+        it: a runner call from the tokenizer brings several times the rows of an engine call,
+        and the planner cuts them as ``grouping.CALL_OVERHEAD_TOKENS`` weighs a call
+        (docs/decisions/0002-batcher-planning.md, 0001-call-weight.md). None when every row has
+        gone.
 
         The plan runs on the event loop's thread, taking its CPU from every request, so it is kept
         when nothing was added or dropped since (the rest of the last plan is still a plan of the
