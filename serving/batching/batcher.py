@@ -72,6 +72,9 @@ class Policy:
             raise ValueError(f"deadline_s must be positive, got {self.deadline_s}")
 
 
+_NOTHING = object()  # no call was in line
+
+
 class Lanes:
     """The engine threads of a runner instance, shared by its batchers: ``count`` calls run at
     once, and one more waits in line so that a lane never idles between two calls. A solo call
@@ -177,17 +180,26 @@ class Lanes:
         self._threads.clear()
 
     def _serve(self) -> None:
-        while (item := self._work.get()[2]) is not None:
+        item = self._work.get()[2]
+        while item is not None:
             work, then, loop = item
             try:
                 result, error = work(), None
             except BaseException as exc:  # handed to the loop, which answers the call's requests
                 result, error = None, exc
+            # The call in line is taken before this call's slot is freed (by ``then``): a call
+            # placed in the freed slot cannot overtake it: the call that waited in line runs
+            # next, whatever the threads' timing.
+            try:
+                following = self._work.get_nowait()[2]
+            except queue.Empty:
+                following = _NOTHING
             with contextlib.suppress(RuntimeError):  # the loop has closed: nobody left to answer
                 loop.call_soon_threadsafe(then, result, error)
             # Not kept while waiting for the next call: the last call's batcher, engine, requests
             # and rows (an evicted tenant's session among them) would live on until then.
             del item, work, then, loop, result, error
+            item = self._work.get()[2] if following is _NOTHING else following
 
 
 @dataclass(frozen=True)

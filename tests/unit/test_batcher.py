@@ -20,17 +20,26 @@ from serving.features import Feeds
 class FakeEngine:
     """Row i of the output is (sum of real ids, real length, padded width): checkable per sequence."""
 
-    def __init__(self, delay_s: float = 0.0) -> None:
+    def __init__(self, delay_s: float = 0.0, gated: bool = False) -> None:
         self.calls: list[tuple[int, int]] = []  # (rows, width)
         self.seen: list[int] = []
         self.delay_s = delay_s
         self.lock = threading.Lock()
+        # Gated: each call, once seen, waits for the test to let it finish (``finish``), so a
+        # test can set up what is running and in line without racing a sleep.
+        self.gate = threading.Semaphore(0) if gated else None
+
+    def finish(self, calls: int = 1) -> None:
+        assert self.gate is not None
+        self.gate.release(calls)
 
     def __call__(self, feeds: Feeds) -> np.ndarray:
         ids, mask = feeds["input_ids"], feeds["attention_mask"]
         with self.lock:
             self.calls.append(ids.shape)
             self.seen.extend(ids[:, 0].tolist())
+        if self.gate is not None:
+            self.gate.acquire()
         if self.delay_s:
             time.sleep(self.delay_s)
         return np.stack([(ids * mask).sum(1), mask.sum(1), np.full(len(ids), ids.shape[1])], axis=1)
@@ -69,6 +78,14 @@ class Sheds(NullRecorder):
 
 def run(coro):
     return asyncio.run(coro)
+
+
+async def until(condition, timeout_s: float = 10.0) -> None:
+    """Wait on the event loop until ``condition()`` holds (a state, not a guess at a delay)."""
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, "the batcher never reached the state waited for"
+        await asyncio.sleep(0.001)
 
 
 def Policy(**overrides):
@@ -142,17 +159,28 @@ def test_rows_held_from_one_round_join_the_next_and_the_oldest_goes_first() -> N
     before a shorter row that arrived later, because it holds the oldest row."""
     from serving.batching import Lanes
 
-    engine = FakeEngine(delay_s=0.2)
+    engine = FakeEngine(gated=True)
 
     async def main():
-        batcher = Batcher(engine, Policy(max_batch_rows=2), lanes=Lanes(1))
-        blocker = asyncio.create_task(batcher.submit([[1] * 5]))  # on the lane
-        await asyncio.sleep(0.05)
-        # 5 and 40 tokens: two calls (padding 5 to 40 costs more than a call); the short one
-        # waits in line, the long one is held.
-        first = asyncio.create_task(batcher.submit([[2] * 5, [3] * 40]))
-        await asyncio.sleep(0.05)
-        later = [asyncio.create_task(batcher.submit(r)) for r in ([[4] * 40], [[6] * 5])]
+        lanes = Lanes(1)
+        batcher = Batcher(engine, Policy(max_batch_rows=2), lanes=lanes)
+        try:
+            blocker = asyncio.create_task(batcher.submit([[1] * 5]))
+            await until(lambda: engine.seen == [1])  # on the lane
+            # 5 and 40 tokens: two calls (padding 5 to 40 costs more than a call); the short one
+            # waits in line, the long one is held.
+            first = asyncio.create_task(batcher.submit([[2] * 5, [3] * 40]))
+            await until(lambda: lanes.held == lanes.slots and batcher.admission.waiting == 0)
+            later = [asyncio.create_task(batcher.submit(r)) for r in ([[4] * 40], [[6] * 5])]
+            await until(lambda: batcher.admission.waiting == 45)
+            engine.finish()  # 2's call runs; the next round is planned and its first call placed
+            await until(
+                lambda: engine.seen == [1, 2]
+                and batcher.admission.waiting == 0
+                and lanes.held == lanes.slots
+            )
+        finally:
+            engine.finish(100)
         await asyncio.gather(blocker, first, *later)
         await batcher.close()
         return batcher.admission
@@ -508,15 +536,22 @@ def test_shared_lanes_serve_the_batcher_with_the_least_work_first() -> None:
     rest of A's queue (first come, first served would put it after A's next call too)."""
     from serving.batching import Lanes
 
-    engine = FakeEngine(delay_s=0.1)
+    engine = FakeEngine(gated=True)
 
     async def main():
         lanes = Lanes(1)
         a = Batcher(engine, Policy(max_batch_rows=1), lanes=lanes)
         b = Batcher(engine, Policy(max_batch_rows=1), lanes=lanes)
-        bulk = [asyncio.create_task(a.submit([[i] * 30])) for i in range(1, 7)]
-        await asyncio.sleep(0.05)  # A's first call on the lane, its second in line
-        short = asyncio.create_task(b.submit([[99] * 3]))
+        try:
+            bulk = [asyncio.create_task(a.submit([[i] * 30])) for i in range(1, 7)]
+            # A's first call on the lane, its second in line, A waiting for the next slot.
+            await until(lambda: engine.seen == [1] and lanes.held == lanes.slots)
+            short = asyncio.create_task(b.submit([[99] * 3]))
+            await asyncio.sleep(0.01)  # B waits for a slot beside A (nothing runs meanwhile)
+            engine.finish()  # the freed slot goes to B: its call goes in line behind A's second
+            await until(lambda: engine.seen == [1, 2] and b.admission.waiting == 0)
+        finally:
+            engine.finish(100)
         await asyncio.gather(short, *bulk)
         await a.close()
         await b.close()
