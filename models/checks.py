@@ -5,7 +5,8 @@ The parity gate is one rule for every backend of every model, on at least 500 in
 - an embed model's sentence pairs (600 of the corpus's): the cosine of each pair by the backend
   against PyTorch's, each pair's 0/1 label at a threshold, and the largest |difference|;
 - a rerank or classify model's head: its logits against PyTorch's, and each input's decision (the
-  argmax; a rerank score's side of 0, the sigmoid's 0.5);
+  argmax; a rerank score's side of 0, the sigmoid's 0.5); a reranker reads sentence pairs (600 of
+  the corpus's, each encoded as a pair), a classifier single texts;
 - fp32 (onnx, tf): 0 flips and a max |difference| of at most 1e-5; int8: at most 1 % flipped.
 """
 
@@ -23,7 +24,7 @@ import numpy as np
 from models import corpus
 from models.source import Source
 from serving.catalogue import ModelSpec
-from serving.features import Feeds, cosine, load_tokenizer, pad, tokenize
+from serving.features import Feeds, cosine, load_tokenizer, pad, tokenize, tokenize_pairs
 
 INT8_GATE = {"mean_cosine_min": 0.99, "min_cosine_min": 0.95}
 FP32_MAX_DIFF = 1e-5
@@ -51,10 +52,12 @@ class Checks:
 
     @cache  # noqa: B019 - one instance per model
     def tokenizer(self) -> Any:
-        return load_tokenizer(self.src.path / "tokenizer.json", self.spec.max_length)
+        return load_tokenizer(
+            self.src.path / "tokenizer.json", self.spec.max_length, self.spec.task == "rerank"
+        )
 
-    def feeds(self, ids: list[list[int]]) -> Feeds:
-        return pad(ids, self.spec.pad_id, self.spec.token_types)
+    def feeds(self, ids: list[list[int]], segments: list[int] | None = None) -> Feeds:
+        return pad(ids, self.spec.pad_id, self.spec.token_types, segments)
 
     def in_batches(self, texts: list[str], ordered: bool = False) -> list[Feeds]:
         """``texts`` tokenized and padded in batches of 32, in their order (mixed lengths, so
@@ -96,21 +99,31 @@ class Checks:
     # -- the parity gate ------------------------------------------------------------------------
 
     @cache  # noqa: B019
-    def parity_inputs(self) -> tuple[list[list[int]], list[tuple[int, int]]]:
-        """The parity check's token ids, and (for an embed model) its pairs as indices into them."""
+    def parity_inputs(self) -> tuple[list[list[int]], list[tuple[int, int]], list[int] | None]:
+        """The parity check's token ids, (for an embed model) its pairs as indices into them, and
+        (for a reranker, whose inputs are pairs) where each second text starts."""
+        pairs = corpus.sentence_pairs(PAIRS)
         if self.spec.task == "embed":
-            pairs = corpus.sentence_pairs(PAIRS)
             texts = sorted({t for pair in pairs for t in pair})
             index = {t: i for i, t in enumerate(texts)}
-            return tokenize(self.tokenizer(), texts), [(index[a], index[b]) for a, b in pairs]
-        texts = [t for pair in corpus.sentence_pairs(PAIRS) for t in pair][:PAIRS]
-        return tokenize(self.tokenizer(), texts), []
+            ids = tokenize(self.tokenizer(), texts)
+            return ids, [(index[a], index[b]) for a, b in pairs], None
+        if self.spec.task == "rerank":
+            ids, segments = tokenize_pairs(self.tokenizer(), pairs)
+            return ids, [], segments
+        texts = [t for pair in pairs for t in pair][:PAIRS]
+        return tokenize(self.tokenizer(), texts), [], None
 
     def scores(self, run: Run) -> np.ndarray:
         """What the parity gate compares: each pair's cosine (embed), or each input's logits.
         Unsorted batches of 32: every batch mixes lengths, so padding leaking into a row shows."""
-        ids, pairs = self.parity_inputs()
-        out = np.concatenate([run(self.feeds(ids[i : i + 32])) for i in range(0, len(ids), 32)])
+        ids, pairs, segments = self.parity_inputs()
+        out = np.concatenate(
+            [
+                run(self.feeds(ids[i : i + 32], None if segments is None else segments[i : i + 32]))
+                for i in range(0, len(ids), 32)
+            ]
+        )
         if self.spec.task != "embed":
             return out
         return cosine(out[[p[0] for p in pairs]], out[[p[1] for p in pairs]])

@@ -15,7 +15,7 @@ from serving.batching.metrics import Recorder
 from serving.catalogue import ModelSpec
 from serving.errors import ApiError
 from serving.features import pad
-from serving.protocol import EmbedResult, check_ids, timing_headers
+from serving.protocol import EmbedResult, check_ids, check_segments, timing_headers
 
 Key = tuple[str, str]  # (model name, backend)
 
@@ -88,9 +88,12 @@ async def embed(
     ids: list[list[int]],
     ctx: Any,
     deadline_s: float | None = None,
+    segments: list[int] | None = None,
 ) -> EmbedResult:
     check_ids(ids, spec)
-    rows, timing = await batcher.submit(ids, deadline_s)
+    if segments is not None:
+        check_segments(ids, segments)
+    rows, timing = await batcher.submit(ids, deadline_s, segments)
     queue_ms, inference_ms = timing.queue_s * 1000, timing.inference_s * 1000
     ctx.response.headers.update(timing_headers(queue_ms, inference_ms))
     return EmbedResult(

@@ -51,7 +51,7 @@ class ConformingErrors:
     # The lean path (serving/hot_path.py) runs a copy of this middleware around its own answers.
     lean_path_safe = True
 
-    def __init__(self, app: Any, skip_prefix: str | None = None) -> None:
+    def __init__(self, app: Any, skip_prefix: str | tuple[str, ...] | None = None) -> None:
         """``skip_prefix``: paths answered in another documented shape (OpenAI's, under /v1/)."""
         self.app = app
         self.skip_prefix = skip_prefix

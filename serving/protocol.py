@@ -34,6 +34,12 @@ Sequence_ = Annotated[
     Field(min_length=1, max_length=MAX_TOKENS),
 ]
 TokenIds = Annotated[list[Sequence_], Field(min_length=1, max_length=MAX_SEQUENCES)]
+# Text pairs (a reranker's, a pair classifier's): where each sequence's second text starts, one
+# entry per sequence of ``ids``; absent for single texts.
+Segments = Annotated[
+    list[Annotated[int, Field(strict=True, ge=0, le=MAX_TOKENS)]],
+    Field(min_length=1, max_length=MAX_SEQUENCES),
+]
 ModelName = Annotated[str, Field(min_length=1, max_length=63)]
 # SentencePiece ids, as tenant models take them.
 SpmIds = Annotated[
@@ -110,6 +116,17 @@ class TenantInfo(BaseModel):
 class Deleted(BaseModel):
     tenant: str
     deleted: bool
+
+
+def check_segments(ids: list[list[int]], segments: list[int]) -> None:
+    """One start within each sequence, or a 400 naming the first that is not."""
+    if len(segments) != len(ids):
+        raise ApiError(f"segments: {len(segments)} starts for {len(ids)} sequences", 400)
+    for row, (start, seq) in enumerate(zip(segments, ids, strict=True)):
+        if start > len(seq):
+            raise ApiError(
+                f"segments[{row}]: {start} is past the sequence's {len(seq)} tokens", 400
+            )
 
 
 def check_ids(ids: list[list[int]], spec: ModelSpec, field: str = "ids") -> None:

@@ -12,7 +12,7 @@ from runners import embedding, tf_serving
 from runners.onnx.settings import OnnxRunnerSettings
 from serving import catalogue
 from serving.errors import replies_on_error
-from serving.protocol import DeadlineSeconds, EmbedResult, ModelName, TokenIds, Variant
+from serving.protocol import DeadlineSeconds, EmbedResult, ModelName, Segments, TokenIds, Variant
 from serving.served import chosen, declare, spec_of
 
 SETTINGS = OnnxRunnerSettings()
@@ -73,14 +73,16 @@ class OnnxRunner:
         model: ModelName | None = None,
         variant: Variant = "fp32",
         deadline_s: DeadlineSeconds = None,
+        segments: Segments | None = None,
     ) -> EmbedResult:
         """The model's output for token-id sequences (rows in order), batched with other callers:
         a sentence embedding a row, or a head's logits. ``model``: a catalogue name (default: the
         first this runner serves); ``variant``: fp32 (backend onnx) or int8 (onnx-int8);
-        ``deadline_s``: what is left of the caller's deadline (default: this runner's own)."""
+        ``deadline_s``: what is left of the caller's deadline (default: this runner's own);
+        ``segments``: for text pairs, where each sequence's second text starts."""
         key = (model or DEFAULT, BACKENDS[variant])
         batcher = embedding.pick(self.batchers, *key)
-        return await embedding.embed(batcher, self.specs[key], ids, ctx, deadline_s)
+        return await embedding.embed(batcher, self.specs[key], ids, ctx, deadline_s, segments)
 
 
 DECLARED = declare(OnnxRunner, SERVED, list(BACKENDS.values()))

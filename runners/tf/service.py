@@ -9,7 +9,7 @@ from runners import embedding, tf_serving
 from runners.tf.settings import TFRunnerSettings
 from serving import catalogue
 from serving.errors import replies_on_error
-from serving.protocol import DeadlineSeconds, EmbedResult, ModelName, TokenIds
+from serving.protocol import DeadlineSeconds, EmbedResult, ModelName, Segments, TokenIds
 from serving.served import chosen, declare, spec_of
 
 SETTINGS = TFRunnerSettings()
@@ -47,14 +47,16 @@ class TFRunner:
         ctx: bentoml.Context,
         model: ModelName | None = None,
         deadline_s: DeadlineSeconds = None,
+        segments: Segments | None = None,
     ) -> EmbedResult:
         """The model's output for token-id sequences (rows in order), batched with other callers.
 
         ``model``: a catalogue name (default: the first this runner serves); ``deadline_s``: what
-        is left of the caller's deadline (default: this runner's own)."""
+        is left of the caller's deadline (default: this runner's own); ``segments``: for text
+        pairs, where each sequence's second text starts."""
         key = (model or DEFAULT, "tf")
         batcher = embedding.pick(self.batchers, *key)
-        return await embedding.embed(batcher, self.specs[key], ids, ctx, deadline_s)
+        return await embedding.embed(batcher, self.specs[key], ids, ctx, deadline_s, segments)
 
 
 DECLARED = declare(TFRunner, SERVED, ["tf"])

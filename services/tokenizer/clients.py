@@ -177,13 +177,17 @@ class OnnxRunnerClient:
         self.model, self.variant = model, variant
         self.headers = {MODEL_HEADER: model}
 
-    async def embed(self, ids: list[list[int]], deadline_s: float) -> Embedded:
-        body = {
+    async def embed(
+        self, ids: list[list[int]], deadline_s: float, segments: list[int] | None = None
+    ) -> Embedded:
+        body: dict[str, Any] = {
             "ids": ids,
             "model": self.model,
             "variant": self.variant,
             "deadline_s": _budget(deadline_s),
         }
+        if segments is not None:  # absent, not null (see TenantRunnerClient._for)
+            body["segments"] = segments
         send = lambda: self.hot.post("embed", body, self.headers)  # noqa: E731
         return _embedded(await _call("onnx_runner", send))
 
@@ -196,8 +200,12 @@ class TFRunnerClient:
         self.model = model
         self.headers = {MODEL_HEADER: model}
 
-    async def embed(self, ids: list[list[int]], deadline_s: float) -> Embedded:
-        body = {"ids": ids, "model": self.model, "deadline_s": _budget(deadline_s)}
+    async def embed(
+        self, ids: list[list[int]], deadline_s: float, segments: list[int] | None = None
+    ) -> Embedded:
+        body: dict[str, Any] = {"ids": ids, "model": self.model, "deadline_s": _budget(deadline_s)}
+        if segments is not None:
+            body["segments"] = segments
         send = lambda: self.hot.post("embed", body, self.headers)  # noqa: E731
         return _embedded(await _call("tf_runner", send))
 

@@ -56,8 +56,11 @@ class Embedded:
 class EmbeddingClient(Protocol):
     """A runner reached for one backend (services/tokenizer/clients.py)."""
 
-    async def embed(self, ids: list[list[int]], deadline_s: float) -> Embedded:
-        """Rows in order; ``deadline_s``: what is left of the tightest request's budget."""
+    async def embed(
+        self, ids: list[list[int]], deadline_s: float, segments: list[int] | None = None
+    ) -> Embedded:
+        """Rows in order; ``deadline_s``: what is left of the tightest request's budget;
+        ``segments``: where each pair's second text starts (None: single texts)."""
         ...
 
 
@@ -79,8 +82,10 @@ class Coalescer:
         self._timer: asyncio.Handle | None = None  # a flush waiting for its moment
         self._timer_due = 0.0  # and that moment (clock)
 
-    async def embed(self, ids: list[list[int]]) -> Embedded:
-        pending = self.queue.put(ids)  # raises QueueFull / DeadlineExceeded
+    async def embed(self, ids: list[list[int]], segments: list[int] | None = None) -> Embedded:
+        """``ids``' rows from the runner, in order (``segments``: for pairs, where each second
+        text starts)."""
+        pending = self.queue.put(ids, segments=segments)  # raises QueueFull / DeadlineExceeded
         self._flush()
         rows = await pending.future
         timing = pending.timing
@@ -112,7 +117,11 @@ class Coalescer:
         remaining_s = min(p.deadline for p in batch) - sent
         try:
             rows = [list(s) for p in batch for s in p.sequences]
-            result = await self.client.embed(rows, remaining_s)
+            if any(p.segments is not None for p in batch):
+                segments = [p.segment(row) for p in batch for row in range(len(p.sequences))]
+                result = await self.client.embed(rows, remaining_s, segments)
+            else:
+                result = await self.client.embed(rows, remaining_s)
         except Exception as exc:  # shed, unavailable, failed: every merged request gets the error
             self.queue.admission.finished(tokens)
             fail(batch, exc)

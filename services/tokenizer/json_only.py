@@ -31,7 +31,7 @@ class JsonOnly:
         self,
         app: Any,
         multipart_paths: frozenset[str] = frozenset(),
-        skip_prefix: str | None = None,
+        skip_prefix: str | tuple[str, ...] | None = None,
     ) -> None:
         """``multipart_paths``: the routes that take multipart bodies (the upload, when served).
         ``skip_prefix``: routes that check their own content type (OpenAI's, in OpenAI's shape)."""

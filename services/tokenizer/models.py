@@ -15,7 +15,7 @@ import numpy as np
 from services.tokenizer.coalesce import Coalescer
 from serving.catalogue import Backend, ModelSpec, Task
 from serving.errors import ApiError
-from serving.features import tokenize
+from serving.features import PairTooLong, tokenize, tokenize_pairs
 
 
 @dataclass
@@ -23,6 +23,9 @@ class Model:
     spec: ModelSpec
     tokenizer: Any  # tokenizers.Tokenizer: no padding, cut at the model's max_length
     queues: dict[Backend, Coalescer] = field(default_factory=dict)
+    # Text pairs' (a head's): cut from the second text only. A tokenizer set so cannot encode a
+    # single text that needs cutting, hence one of each.
+    pair_tokenizer: Any = None
 
     @property
     def name(self) -> str:
@@ -30,6 +33,33 @@ class Model:
 
     def encode(self, texts: Sequence[str]) -> list[list[int]]:
         return tokenize(self.tokenizer, texts)
+
+    def encode_pairs(
+        self, pairs: Sequence[tuple[str, str]], field: str, truncate: bool = True
+    ) -> tuple[list[list[int]], list[int]]:
+        """Pairs as the model's tokenizer encodes them, and where each second text starts; a 400
+        naming ``field`` for a pair whose first text alone is too long, or (``truncate`` off)
+        any pair longer than the model reads."""
+        try:
+            ids, segments = tokenize_pairs(self.pair_tokenizer or self.tokenizer, pairs)
+        except PairTooLong as exc:
+            raise ApiError(
+                f"{field}[{exc.index}]: its first text alone is longer than {self.name} reads "
+                f"({self.spec.max_length} tokens)",
+                400,
+            ) from None
+        if not truncate:
+            for index, pair in enumerate(pairs):
+                if len(ids[index]) == self.spec.max_length and self._cut(pair):
+                    raise ApiError(
+                        f"{field}[{index}]: longer than {self.name} reads "
+                        f"({self.spec.max_length} tokens); send truncate: true to cut it",
+                        400,
+                    )
+        return ids, segments
+
+    def _cut(self, pair: tuple[str, str]) -> bool:
+        return bool((self.pair_tokenizer or self.tokenizer).encode(*pair).overflowing)
 
     def backend(self, asked: Backend | None) -> Backend:
         """The backend a request asked for (default: the model's first), or a 400 naming it."""
@@ -99,7 +129,7 @@ class Models:
             )
         if task is not None and model.spec.task != task:
             raise ApiError(
-                f"model: {name} is a {model.spec.task} model; {route} takes {task} models "
+                f"model: {name} is a model for {model.spec.task}; {route} takes {task} models "
                 f"({', '.join(self.names(task)) or 'none served here'})",
                 400,
             )

@@ -13,7 +13,7 @@ BentoML's, and the route needs none of BentoML's per-request input machinery.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Annotated, Any, Protocol
 
 import numpy as np
@@ -284,8 +284,9 @@ def _json_content(description: str, schema: dict[str, Any]) -> dict[str, Any]:
     return {"description": description, "content": {"application/json": {"schema": schema}}}
 
 
-def openai_app(service: Callable[[], Embedding]) -> Starlette:
-    """``service`` returns the running service instance (read per request: the app is built first)."""
+def openai_app(service: Callable[[], Embedding], more: Sequence[Route] = ()) -> Starlette:
+    """``service`` returns the running service instance (read per request: the app is built
+    first); ``more``: other APIs' routes under /v1 (Cohere's rerank), answered in their shape."""
 
     async def embeddings(request: Request) -> Response:
         try:
@@ -354,6 +355,7 @@ def openai_app(service: Callable[[], Embedding]) -> Starlette:
             Route(EMBEDDINGS_PATH.removeprefix(MOUNT), embeddings, methods=["POST"]),
             Route(MODELS_PATH.removeprefix(MOUNT), models, methods=["GET"]),
             Route(MODELS_PATH.removeprefix(MOUNT) + "/{name:path}", model, methods=["GET"]),
+            *more,
             # Any other path under /v1, as OpenAI answers it (BentoML's own 404 is plain text).
             Route("/{path:path}", invalid_url, methods=["GET", "POST", "PUT", "PATCH", "DELETE"]),
         ],

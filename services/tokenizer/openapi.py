@@ -19,6 +19,8 @@ from typing import Any
 
 from pydantic import BaseModel
 
+from services.tokenizer import cohere_api
+from services.tokenizer.cohere_api import RERANK_V1, RERANK_V2
 from services.tokenizer.openai_api import EMBEDDINGS_PATH, MODELS, openapi_paths
 from services.tokenizer.schemas import EmbedResponse
 from serving.catalogue import ModelSpec
@@ -48,6 +50,23 @@ EXAMPLES: dict[str, dict[str, Any]] = {
     "/tenants/show": {"tenant": "acme"},
     "/tenants/delete": {"tenant": "acme"},
     EMBEDDINGS_PATH: {"input": _TEXTS, "model": next(iter(MODELS)), "encoding_format": "float"},
+    "/rerank": {
+        "query": "where is my order",
+        "texts": ["has my parcel shipped", "good morning", "I want a refund"],
+        "top_n": 2,
+        "return_text": True,
+    },
+    "/predict": {"inputs": ["where is my order", "good morning"]},
+    RERANK_V2: {
+        "query": "where is my order",
+        "documents": ["has my parcel shipped", "good morning"],
+        "top_n": 1,
+    },
+    RERANK_V1: {
+        "query": "where is my order",
+        "documents": ["has my parcel shipped", "good morning"],
+        "return_documents": True,
+    },
 }
 
 
@@ -61,6 +80,10 @@ MODEL_FIELDS: dict[str, tuple[str, str | None]] = {
     "/similarity": ("model", "embed"),
     "/tokenize": ("model", None),
     "/tenants/train": ("encoder", "embed"),
+    "/rerank": ("model", "rerank"),
+    "/predict": ("model", "classify"),
+    RERANK_V2: ("model", "rerank"),
+    RERANK_V1: ("model", "rerank"),
 }
 
 
@@ -93,6 +116,7 @@ def refine(spec: dict[str, Any], served: list[ModelSpec] | None = None) -> dict[
     paths = spec.setdefault("paths", {})
     name_models(paths, served or [])
     paths.update(openapi_paths())
+    paths.update(cohere_api.openapi_paths())
     # OpenAI's `dimensions` (nullable): the widths the served embed models offer.
     embed = [s for s in served or [] if s.task == "embed"]
     openai = _request_properties(paths, EMBEDDINGS_PATH)

@@ -187,6 +187,79 @@ class TenantRequest(Request):
     tenant: TenantName
 
 
+class RerankRequest(Request):
+    query: Text = Field(description="What the texts are ranked against; kept whole.")
+    texts: list[Text] = Field(
+        min_length=1,
+        max_length=SETTINGS.max_documents,
+        description="Texts to score against the query, each as a (query, text) pair.",
+    )
+    model: ModelName = Field(  # type: ignore[assignment]
+        None,
+        description="A rerank model (default: the catalogue's first).",
+        validate_default=False,
+    )
+    top_n: Annotated[int, Field(ge=1)] = Field(  # type: ignore[assignment]
+        None, description="Return the best top_n only (default: all).", validate_default=False
+    )
+    raw_scores: bool = Field(False, description="The head's logit, not its sigmoid (0 to 1).")
+    return_text: bool = Field(False, description="Each result carries its text.")
+    truncate: bool = Field(
+        True,
+        description="Cut a pair longer than the model reads from its text's end; false: a 400 "
+        "naming the text instead.",
+    )
+
+
+class Ranked(BaseModel):
+    index: int = Field(description="The text's position in the request.")
+    score: float = Field(description="Relevance: sigmoid of the logit, or the logit (raw_scores).")
+    text: str | None = Field(None, description="The text, when return_text was set.")
+
+    @model_serializer(mode="wrap")
+    def _absent_not_null(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        data = handler(self)
+        if data.get("text") is None:
+            data.pop("text", None)
+        return data
+
+
+def _inputs(value: Any) -> Any:
+    # One text is one input: the shape every classification server takes. A pair arrives as a JSON
+    # array; validated after this function, in Python's mode, a strict tuple takes a tuple only.
+    if isinstance(value, str):
+        return [value]
+    if isinstance(value, list):
+        return [tuple(item) if isinstance(item, list) else item for item in value]
+    return value
+
+
+class PredictRequest(Request):
+    inputs: Annotated[list[Text] | list[tuple[Text, Text]], BeforeValidator(_inputs)] = Field(
+        description="A text, a list of texts, or a list of [text, text] pairs to classify.",
+        min_length=1,
+        max_length=SETTINGS.max_texts,
+    )
+    model: ModelName = Field(  # type: ignore[assignment]
+        None,
+        description="A classify model (default: the catalogue's first).",
+        validate_default=False,
+    )
+    raw_scores: bool = Field(False, description="The head's logits, not their softmax.")
+
+
+class LabelScore(BaseModel):
+    label: str
+    score: float
+
+
+class PredictResponse(BaseModel):
+    predictions: list[list[LabelScore]] = Field(
+        description="For each input, in order, every label with its score, the best first."
+    )
+    model: str = Field(description="The model that answered.")
+
+
 class InferenceRequest(Request):
     """One text to embed (the single-text contract: input_text in, outputs out)."""
 

@@ -16,6 +16,7 @@ import bentoml
 import numpy as np
 from starlette.responses import Response
 
+from services.tokenizer import cohere_api, scoring
 from services.tokenizer.clients import OnnxRunnerClient, TenantRunnerClient, TFRunnerClient
 from services.tokenizer.coalesce import Coalescer, EmbeddingClient
 from services.tokenizer.json_only import UPLOAD_PATH, JsonOnly
@@ -32,6 +33,10 @@ from services.tokenizer.schemas import (
     FormText,
     InferenceRequest,
     InferenceResponse,
+    PredictRequest,
+    PredictResponse,
+    Ranked,
+    RerankRequest,
     SimilarityRequest,
     SimilarityResponse,
     TenantRequest,
@@ -137,10 +142,10 @@ class Tokenizer:
             spec = spec_of(declared.ref(self)).model_copy(
                 update={"backends": declared.entry.backends}
             )
-            tokenizer = load_tokenizer(
-                declared.ref(self).path_of("tokenizer.json"), spec.max_length
-            )
-            model = Model(spec, tokenizer)
+            path = declared.ref(self).path_of("tokenizer.json")
+            model = Model(spec, load_tokenizer(path, spec.max_length))
+            if spec.task != "embed":
+                model.pair_tokenizer = load_tokenizer(path, spec.max_length, pairs=True)
             for backend in spec.backends:
                 label = f"{spec.name}/{backend}"
                 runner = client(
@@ -169,6 +174,19 @@ class Tokenizer:
         embedding route (ours and OpenAI's) comes through here."""
         started = time.perf_counter()
         ids = await self.text.run(model.encode, texts)
+        vectors, headers = await self._run(model, backend, ids, None, started)
+        return model.shorten(vectors, width), [len(i) for i in ids], headers
+
+    async def _run(
+        self,
+        model: Model,
+        backend: Backend,
+        ids: list[list[int]],
+        segments: list[int] | None,
+        started: float,
+    ) -> tuple[np.ndarray, dict[str, str]]:
+        """Tokenized rows through the model's coalescing queue: its output rows (vectors or a
+        head's logits) and the timing headers (``started``: when tokenizing began)."""
         tokens = sum(map(len, ids))
         if tokens > SETTINGS.max_queue_tokens:
             # More than the queue ever holds: refused whenever anything waits, and alone it would
@@ -178,13 +196,31 @@ class Tokenizer:
                 "send fewer texts per request"
             )
         tokenized = time.perf_counter()
-        embedded = await model.queues[backend].embed(ids)
+        embedded = await model.queues[backend].embed(ids, segments)
         headers = {
             "X-Tokenization-Time": f"{(tokenized - started) * 1000:.2f}",
             **timing_headers(embedded.queue_ms, embedded.inference_ms),
             "X-Total-Time": f"{(time.perf_counter() - started) * 1000:.2f}",
         }
-        return model.shorten(embedded.vectors, width), [len(i) for i in ids], headers
+        return embedded.vectors, headers
+
+    async def relevance(
+        self,
+        model: Model,
+        query: str,
+        texts: list[str],
+        raw: bool = False,
+        truncate: bool = True,
+        field: str = "texts",
+    ) -> tuple[np.ndarray, dict[str, str]]:
+        """Each text's relevance to ``query`` by a rerank model: one (query, text) pair a row, in
+        the same batches as every other request. Every rerank route (ours and Cohere's) comes
+        through here."""
+        started = time.perf_counter()
+        pairs = [(query, text) for text in texts]
+        ids, segments = await self.text.run(model.encode_pairs, pairs, field, truncate)
+        logits, headers = await self._run(model, model.backend(None), ids, segments, started)
+        return scoring.relevance(logits, raw), headers
 
     async def embed_texts(
         self, texts: list[str], model: str, backend: Backend, dimensions: int | None = None
@@ -251,6 +287,45 @@ class Tokenizer:
             return reply({"ids": await self.text.run(self.text.sentencepiece, request.texts)})
         model = self.models.get(request.model, None, "/tokenize")
         return reply({"ids": await self.text.run(model.encode, request.texts)})
+
+    @bentoml.api
+    @replies_on_error
+    async def rerank(self, request: RerankRequest, /, ctx: bentoml.Context) -> list[Ranked]:
+        """The texts ranked by their relevance to the query, the most relevant first, by a
+        cross-encoder that reads each (query, text) pair together (default: the catalogue's first
+        rerank model)."""
+        model = self.models.get(request.model, "rerank", "/rerank")
+        scores, headers = await self.relevance(
+            model, request.query, request.texts, request.raw_scores, request.truncate
+        )
+        ctx.response.headers.update(headers)
+        return [
+            Ranked(
+                index=i,
+                score=float(scores[i]),
+                text=request.texts[i] if request.return_text else None,
+            )
+            for i in scoring.ranking(scores, request.top_n)
+        ]
+
+    @bentoml.api(output_spec=PredictResponse)
+    @replies_on_error
+    async def predict(self, request: PredictRequest, /, ctx: bentoml.Context) -> Response:
+        """Each input's labels with their scores, the best first, by a sequence classifier
+        (default: the catalogue's first classify model); an input is a text or a [text, text]
+        pair."""
+        model = self.models.get(request.model, "classify", "/predict")
+        started = time.perf_counter()
+        inputs: list[Any] = request.inputs
+        if isinstance(inputs[0], tuple):
+            ids, segments = await self.text.run(model.encode_pairs, inputs, "inputs")
+        else:
+            ids, segments = await self.text.run(model.encode, inputs), None
+        logits, headers = await self._run(model, model.backend(None), ids, segments, started)
+        ctx.response.headers.update(headers)
+        labels = model.spec.labels or ()
+        predictions = scoring.label_scores(logits, labels, request.raw_scores)
+        return reply({"predictions": predictions, "model": model.name})
 
     @bentoml.api(output_spec=InferenceResponse)
     @replies_on_error
@@ -387,26 +462,32 @@ class Tokenizer:
 # Every catalogue model's tokenizer, declared before the class becomes a service: a bento carries
 # the models its service declares.
 DECLARED = declare(Tokenizer, catalogue.current().models, ["tokenizer"])
+# Under /v1 OpenAI's embeddings and Cohere's v1 rerank; under /v2 Cohere's v2 rerank.
+V1_APP = openai_app(current_service, more=cohere_api.routes(current_service, "1"))
 SERVICE = cast(
     "bentoml.Service[Any]",
-    bentoml.asgi_app(openai_app(current_service), path=OPENAI_MOUNT)(
-        bentoml.service(
-            name="tokenizer",
-            service_class=SETTINGS.service_class(),
-            workers=SETTINGS.workers,
-            tracing=SETTINGS.tracing(HOT_ROUTES),
-            traffic={"timeout": SETTINGS.timeout_s},
-            logging={"access": {"enabled": SETTINGS.access_log}},
-        )(Tokenizer)
+    bentoml.asgi_app(cohere_api.cohere_app(current_service), path=cohere_api.MOUNT_V2)(
+        bentoml.asgi_app(V1_APP, path=OPENAI_MOUNT)(
+            bentoml.service(
+                name="tokenizer",
+                service_class=SETTINGS.service_class(),
+                workers=SETTINGS.workers,
+                tracing=SETTINGS.tracing(HOT_ROUTES),
+                traffic={"timeout": SETTINGS.timeout_s},
+                logging={"access": {"enabled": SETTINGS.access_log}},
+            )(Tokenizer)
+        )
     ),
 )
 Tokenizer = SERVICE  # type: ignore[misc]  # what bentofile.yaml and the graph name
-# OpenAI's routes (under /v1) answer in OpenAI's error shape: these two leave them alone.
-SERVICE.add_asgi_middleware(ConformingErrors, skip_prefix=OPENAI_MOUNT + "/")
+# OpenAI's and Cohere's routes (under /v1 and /v2) answer in their own error shapes: these two
+# leave them alone.
+FOREIGN = (OPENAI_MOUNT + "/", cohere_api.MOUNT_V2 + "/")
+SERVICE.add_asgi_middleware(ConformingErrors, skip_prefix=FOREIGN)
 SERVICE.add_asgi_middleware(
     JsonOnly,
     multipart_paths=frozenset({UPLOAD_PATH} if SETTINGS.admin_enabled else ()),
-    skip_prefix=OPENAI_MOUNT + "/",
+    skip_prefix=FOREIGN,
 )
 
 

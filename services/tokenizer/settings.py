@@ -29,6 +29,9 @@ class TokenizerSettings(ServiceSettings):
     timeout_s: float = Field(30.0, gt=0, description="BentoML traffic timeout for one request.")
     max_texts: int = Field(256, ge=1, description="Texts per /embed or /tokenize request.")
     max_pairs: int = Field(128, ge=1, description="Pairs per /similarity request.")
+    max_documents: int = Field(
+        256, ge=1, description="Texts per /rerank request (and documents per Cohere rerank)."
+    )
     openai_max_inputs: int = Field(
         2048,
         ge=1,

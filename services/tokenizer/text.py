@@ -8,6 +8,9 @@ import asyncio
 import os
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any, TypeVar
+
+Encoded = TypeVar("Encoded")
 
 # Below this many characters a request is tokenized on the event loop: a thread hop would cost more
 # than the work. Above it (long texts, big batches), in a thread, so other requests keep flowing.
@@ -41,8 +44,10 @@ class Tokenizers:
 
     @staticmethod
     async def run(
-        encode: Callable[[Sequence[str]], list[list[int]]], texts: Sequence[str]
-    ) -> list[list[int]]:
-        if sum(len(t) for t in texts) <= INLINE_CHARS:
-            return encode(texts)
-        return await asyncio.to_thread(encode, texts)
+        encode: Callable[..., Encoded], texts: Sequence[str] | Sequence[tuple[str, str]], *args: Any
+    ) -> Encoded:
+        """``encode(texts, *args)``: texts, or text pairs, to their tokens."""
+        chars = sum(len(t) if isinstance(t, str) else len(t[0]) + len(t[1]) for t in texts)
+        if chars <= INLINE_CHARS:
+            return encode(texts, *args)
+        return await asyncio.to_thread(encode, texts, *args)

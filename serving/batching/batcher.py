@@ -265,10 +265,14 @@ class Batcher:
         return self.admission.tokens_per_s
 
     async def submit(
-        self, sequences: Sequence[Sequence[int]], deadline_s: float | None = None
+        self,
+        sequences: Sequence[Sequence[int]],
+        deadline_s: float | None = None,
+        segments: Sequence[int] | None = None,
     ) -> tuple[np.ndarray, Timing]:
-        """Embed ``sequences``; returns one output row per sequence, in order, and the timing."""
-        pending = self.queue.put(sequences, deadline_s)
+        """Run ``sequences`` (``segments``: where each pair's second text starts); returns one
+        output row per sequence, in order, and the timing."""
+        pending = self.queue.put(sequences, deadline_s, segments)
         self._ensure_running()
         self._wakeup.set()
         # Awaiting the future directly: if the caller is cancelled, so is the future, and the
@@ -476,7 +480,10 @@ class Batcher:
         if all(r.future.done() or began > r.deadline for r, _ in call.members):
             return None, began, began, 0.0
         rows = [request.sequences[row] for request, row in call.members]
-        feeds = pad(rows, self.pad_id, self.token_types)
+        segments = None
+        if self.token_types and any(r.segments is not None for r, _ in call.members):
+            segments = [request.segment(row) for request, row in call.members]
+        feeds = pad(rows, self.pad_id, self.token_types, segments)
         cpu = time.thread_time()
         # A solo call holds every lane: no other engine call of the instance runs beside it, so
         # the CPU of every thread but the event loop's is the engine's, its session's own

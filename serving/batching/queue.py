@@ -46,6 +46,12 @@ class Pending:
     rows: np.ndarray | None = None
     remaining: int = 0
     taken: float = 0.0  # when a round took it from the queue (``clock``)
+    # Where each sequence's second text starts (a pair's), or None: single texts.
+    segments: Sequence[int] | None = None
+
+    def segment(self, row: int) -> int:
+        """Where ``row``'s second text starts (its length: it has none)."""
+        return len(self.sequences[row]) if self.segments is None else self.segments[row]
 
     def rows_of(self) -> Iterable[tuple[Pending, int]]:
         """(this request, row index) for each of its sequences: how a round lists its rows."""
@@ -61,13 +67,23 @@ class TokenQueue:
     def __bool__(self) -> bool:
         return bool(self._items)
 
-    def put(self, sequences: Sequence[Sequence[int]], deadline_s: float | None = None) -> Pending:
+    def put(
+        self,
+        sequences: Sequence[Sequence[int]],
+        deadline_s: float | None = None,
+        segments: Sequence[int] | None = None,
+    ) -> Pending:
         """Admit a request (or raise QueueFull / DeadlineExceeded); the caller awaits ``.future``.
 
         ``deadline_s``: the request's own budget (what is left of an upstream deadline); default:
-        the queue's."""
+        the queue's. ``segments``: where each sequence's second text starts (pairs)."""
         if not sequences or any(len(s) == 0 for s in sequences):
             raise ValueError("sequences must be a non-empty list of non-empty sequences")
+        if segments is not None and (
+            len(segments) != len(sequences)
+            or any(not 0 <= at <= len(s) for at, s in zip(segments, sequences, strict=True))
+        ):
+            raise ValueError("segments must give one start within each sequence")
         tokens = sum(len(s) for s in sequences)
         budget = self.admission.admit(tokens, deadline_s)
         now = clock()
@@ -78,6 +94,7 @@ class TokenQueue:
             enqueued=now,
             future=asyncio.get_running_loop().create_future(),
             remaining=len(sequences),
+            segments=segments,
         )
         self._items.append(pending)
         self.recorder.queue_depth(self.admission.waiting)

@@ -5,7 +5,9 @@ Small random-weight checkpoints stand in for the architectures this machine has 
 DistilBERT (no token types) with a WordPiece one. A temporary catalogue declares them as local
 checkpoints; the documented commands build (`make models CATALOGUE=...`), check
 (`python -m models.parity`) and serve them (`make serve CATALOGUE=...`); `/embed` on every backend
-and `/v1/embeddings` answer as PyTorch does.
+and `/v1/embeddings` answer as PyTorch does. Two heads beside them: a BERT cross-encoder (token
+types: a pair's second text is segment 1) serves `/rerank` and Cohere's rerank API, an XLM-R
+classifier `/predict`, each as transformers' own tokenizer and model answer.
 """
 
 from __future__ import annotations
@@ -50,6 +52,21 @@ ENTRIES = [
     {"name": "tiny-distilbert", "source": "./distilbert", "backends": ["tf", "onnx"]},
 ]
 ARCHITECTURES = ("roberta", "xlm-roberta", "distilbert")
+LABELS = ["greeting", "order", "refund"]
+HEADS = [
+    {"name": "tiny-reranker", "source": "./bert-rerank", "task": "rerank", "backends": ["onnx", "tf"]},
+    {"name": "tiny-classifier", "source": "./xlmr-classify", "task": "classify",
+     "backends": ["tf", "onnx"]},
+]  # fmt: skip
+EMBED = ENTRIES
+ENTRIES = [*EMBED, *HEADS]
+QUERY = "where is my order"
+DOCUMENTS = [
+    "has my parcel shipped",
+    "hello there",
+    "I want my money back for the broken kettle",
+    "word " * 200,  # cut from its end: the query is kept whole
+]
 
 
 def make(*args: str, env: dict[str, str], timeout: float = 900) -> subprocess.CompletedProcess:
@@ -62,6 +79,8 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, str
     root = tmp_path_factory.mktemp("catalogue")
     for architecture in ARCHITECTURES:
         checkpoints.write(root / architecture, architecture)
+    checkpoints.write(root / "bert-rerank", "bert", labels=["relevant"], seed=1)
+    checkpoints.write(root / "xlmr-classify", "xlm-roberta", labels=LABELS, seed=2)
     (root / "catalogue.yaml").write_text(yaml.safe_dump({"models": ENTRIES}, sort_keys=False))
     env = {**os.environ, "BENTOML_HOME": str(root / "home"), "HF_HUB_OFFLINE": "1"}
     proc = make("models", f"CATALOGUE={root / 'catalogue.yaml'}", env=env)
@@ -115,7 +134,7 @@ def catalogue_graph(built: tuple[Path, dict[str, str]]) -> Iterator[str]:
         yield server.url
 
 
-@pytest.mark.parametrize("entry", ENTRIES, ids=[e["name"] for e in ENTRIES])
+@pytest.mark.parametrize("entry", EMBED, ids=[e["name"] for e in EMBED])
 def test_embed_answers_as_pytorch_on_every_backend(
     built: tuple[Path, dict[str, str]], catalogue_graph: str, entry: dict
 ) -> None:
@@ -260,7 +279,7 @@ def runner(built: tuple[Path, dict[str, str]]) -> Iterator[str]:
 def test_tf_serving_serves_each_model_under_its_own_name(
     built: tuple[Path, dict[str, str]], runner: str
 ) -> None:
-    for entry in ENTRIES:
+    for entry in EMBED:
         want, ids = expected(built[0], entry["name"], TEXTS[:3])
         rows = [{"input_ids": seq} for seq in ids]
         reply = httpx.post(f"{runner}/v1/models/{entry['name']}:predict", json={"instances": rows})
@@ -281,6 +300,132 @@ def test_tf_serving_serves_each_model_under_its_own_name(
     assert vocabulary.json()["error"] == (
         f"ids[0]: id {size} is not in tiny-xlmr's vocabulary of {size}"
     )
+
+
+def head_logits(root: Path, name: str, inputs: list[str] | list[tuple[str, str]]) -> np.ndarray:
+    """transformers' own answer: its tokenizer (the pair template, token types, only_second
+    truncation) and its sequence-classification model."""
+    import torch
+    from transformers import AutoModelForSequenceClassification, PreTrainedTokenizerFast
+
+    entry = catalogue.load(root / "catalogue.yaml").get(name)
+    assert entry is not None
+    path = source.resolve(entry, root).path
+    tokenizer = PreTrainedTokenizerFast.from_pretrained(str(path))
+    model = AutoModelForSequenceClassification.from_pretrained(str(path)).eval()
+    pairs = isinstance(inputs[0], tuple)
+    firsts = [i[0] for i in inputs] if pairs else list(inputs)
+    seconds = [i[1] for i in inputs] if pairs else None
+    truncation = "only_second" if pairs else True
+    encoded = tokenizer(
+        firsts, seconds, truncation=truncation, max_length=checkpoints.POSITIONS,
+        padding=True, return_tensors="pt",
+    )  # fmt: skip
+    with torch.no_grad():
+        return model(**encoded).logits.numpy()
+
+
+def test_rerank_scores_each_pair_as_pytorch_and_ranks_them(
+    built: tuple[Path, dict[str, str]], catalogue_graph: str
+) -> None:
+    logits = head_logits(built[0], "tiny-reranker", [(QUERY, d) for d in DOCUMENTS])[:, 0]
+    want = 1 / (1 + np.exp(-logits))
+    order = list(np.argsort(-want, kind="stable"))
+    body = {"query": QUERY, "texts": DOCUMENTS, "model": "tiny-reranker"}
+    reply = httpx.post(f"{catalogue_graph}/rerank", json=body, timeout=60)
+    assert reply.status_code == 200, reply.text
+    ranked = reply.json()
+    assert [r["index"] for r in ranked] == order
+    np.testing.assert_allclose([r["score"] for r in ranked], want[order], atol=1e-4)
+    assert all("text" not in r for r in ranked)
+    # The default rerank model is the catalogue's first; top_n, texts and logits when asked.
+    body = {"query": QUERY, "texts": DOCUMENTS, "top_n": 2, "return_text": True, "raw_scores": True}
+    top = httpx.post(f"{catalogue_graph}/rerank", json=body, timeout=60).json()
+    assert [r["index"] for r in top] == order[:2]
+    assert [r["text"] for r in top] == [DOCUMENTS[i] for i in order[:2]]
+    np.testing.assert_allclose([r["score"] for r in top], logits[order[:2]], atol=1e-4)
+    # Without truncation, a pair longer than the model reads is refused, naming its text.
+    body = {"query": QUERY, "texts": DOCUMENTS, "truncate": False}
+    refused = httpx.post(f"{catalogue_graph}/rerank", json=body)
+    assert (
+        refused.status_code == 400 and "texts[3]: longer than tiny-reranker reads" in refused.text
+    )
+
+
+def test_predict_gives_each_input_its_labels_as_pytorch(
+    built: tuple[Path, dict[str, str]], catalogue_graph: str
+) -> None:
+    texts = ["hello there", "where is my order", "word " * 200]
+    pairs = [("where is my order", "it shipped yesterday"), ("hi", "good morning")]
+    for inputs in (texts, pairs):
+        logits = head_logits(built[0], "tiny-classifier", inputs)
+        probabilities = np.exp(logits) / np.exp(logits).sum(axis=1, keepdims=True)
+        body = {"inputs": [list(i) for i in inputs] if inputs is pairs else inputs}
+        reply = httpx.post(f"{catalogue_graph}/predict", json=body, timeout=60)
+        assert reply.status_code == 200, reply.text
+        answer = reply.json()
+        assert answer["model"] == "tiny-classifier"
+        for got, want in zip(answer["predictions"], probabilities, strict=True):
+            best = np.argsort(-want, kind="stable")
+            assert [p["label"] for p in got] == [LABELS[k] for k in best]
+            np.testing.assert_allclose([p["score"] for p in got], want[best], atol=1e-4)
+    one = httpx.post(f"{catalogue_graph}/predict", json={"inputs": "hello", "raw_scores": True})
+    want = head_logits(built[0], "tiny-classifier", ["hello"])[0]
+    got = {p["label"]: p["score"] for p in one.json()["predictions"][0]}
+    np.testing.assert_allclose([got[label] for label in LABELS], want, atol=1e-4)
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "names"),
+    [
+        ("/rerank", {"query": " ", "texts": ["a"]}, "query"),
+        ("/rerank", {"query": "q", "texts": []}, "texts"),
+        ("/rerank", {"query": "q", "texts": ["a"] * 257}, "texts"),
+        (
+            "/rerank",
+            {"query": "q", "texts": ["a"], "model": "tiny-xlmr"},
+            "tiny-xlmr is a model for embed",
+        ),
+        ("/predict", {"inputs": [["a", "b", "c"]]}, "inputs"),
+        ("/predict", {"inputs": [["a", 1]]}, "inputs"),
+        ("/predict", {"inputs": ["a"], "model": "tiny-reranker"}, "takes classify models"),
+    ],
+)
+def test_bad_rerank_and_predict_requests_are_4xx_naming_the_field(
+    catalogue_graph: str, path: str, body: dict, names: str
+) -> None:
+    reply = httpx.post(f"{catalogue_graph}{path}", json=body)
+    assert 400 <= reply.status_code < 500 and names in reply.text, (reply.status_code, reply.text)
+
+
+def test_coheres_sdk_reranks_unchanged(
+    built: tuple[Path, dict[str, str]], catalogue_graph: str
+) -> None:
+    import cohere
+
+    ours = httpx.post(
+        f"{catalogue_graph}/rerank", json={"query": QUERY, "texts": DOCUMENTS}, timeout=60
+    ).json()
+    v2 = cohere.ClientV2(base_url=catalogue_graph, api_key="unused")
+    answer = v2.rerank(model="tiny-reranker", query=QUERY, documents=DOCUMENTS, top_n=3)
+    assert [r.index for r in answer.results] == [r["index"] for r in ours[:3]]
+    np.testing.assert_allclose(
+        [r.relevance_score for r in answer.results], [r["score"] for r in ours[:3]], atol=1e-6
+    )
+    assert answer.id and answer.meta.api_version.version == "2"
+    v1 = cohere.Client(base_url=catalogue_graph, api_key="unused")
+    with_documents = v1.rerank(
+        model="tiny-reranker", query=QUERY, documents=DOCUMENTS, return_documents=True
+    )
+    assert [r.index for r in with_documents.results] == [r["index"] for r in ours]
+    texts = [r.document.text for r in with_documents.results if r.document is not None]
+    assert texts == [DOCUMENTS[r["index"]] for r in ours]
+    with pytest.raises(cohere.errors.NotFoundError) as unknown:
+        v2.rerank(model="rerank-v3.5", query=QUERY, documents=DOCUMENTS)
+    assert "'rerank-v3.5' is not served" in unknown.value.body["message"]
+    with pytest.raises(cohere.errors.BadRequestError) as wrong_task:
+        v2.rerank(model="tiny-roberta", query=QUERY, documents=DOCUMENTS)
+    assert "tiny-roberta is a model for embed" in wrong_task.value.body["message"]
 
 
 def test_an_int8_backend_that_fails_its_gate_is_refused_and_never_stored(tmp_path: Path) -> None:

@@ -333,6 +333,11 @@ def test_swagger_ui_and_openapi_are_served(client: httpx.Client) -> None:
     assert body["properties"]["dimensions"]["enum"] == [384]
 
 
+# The routes of tasks the default catalogue has no model for (tests/e2e/test_catalogue.py serves
+# them on models of their own).
+NO_MODEL_BY_DEFAULT = {"/rerank", "/predict", "/v1/rerank", "/v2/rerank"}
+
+
 def test_every_swagger_example_is_a_request_that_works(client: httpx.Client) -> None:
     """What "Try it out" sends, endpoint by endpoint, in an order where each makes sense (train
     before classify, delete last): every example answers 200."""
@@ -352,6 +357,9 @@ def test_every_swagger_example_is_a_request_that_works(client: httpx.Client) -> 
     order = sorted(examples, key=lambda p: (p != "/tenants/train", p == "/tenants/delete"))
     for path in order:
         resp = client.post(path, json=examples[path])
+        if path in NO_MODEL_BY_DEFAULT:  # the 404 that says so, until a catalogue declares one
+            assert resp.status_code == 404 and "model is served here" in resp.text, resp.text
+            continue
         assert resp.status_code == 200, (path, resp.text)
     assert examples["/embed"]["texts"] != ["string"]
 

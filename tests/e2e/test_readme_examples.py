@@ -42,8 +42,10 @@ def run_python_block(block: str, url: str, port: int) -> str:
 
 def test_readme_python_clients_work(graph: str) -> None:
     blocks = python_blocks(3000)
-    assert len(blocks) == 2  # the openai SDK, bentoml.SyncHTTPClient
-    for block in blocks:
+    # The openai SDK, bentoml.SyncHTTPClient; and the cohere SDK, which needs a rerank model
+    # that the default catalogue does not have (tests/e2e/test_catalogue.py calls it on one).
+    assert len(blocks) == 3 and sum("import cohere" in block for block in blocks) == 1
+    for block in (b for b in blocks if "import cohere" not in b):
         run_python_block(block, graph, 3000)
 
 

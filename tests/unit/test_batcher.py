@@ -175,9 +175,11 @@ def test_rows_held_from_one_round_join_the_next_and_the_oldest_goes_first() -> N
             await until(lambda: batcher.admission.waiting == 45)
             engine.finish()  # 2's call runs; the next round is planned and its first call placed
             await until(
-                lambda: engine.seen == [1, 2]
-                and batcher.admission.waiting == 0
-                and lanes.held == lanes.slots
+                lambda: (
+                    engine.seen == [1, 2]
+                    and batcher.admission.waiting == 0
+                    and lanes.held == lanes.slots
+                )
             )
         finally:
             engine.finish(100)

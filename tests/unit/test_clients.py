@@ -196,6 +196,7 @@ def test_hot_calls_are_read_by_the_runner_and_answer_as_bentomls_client(transpor
                 await clients[2].classify("acme", [[5, 6]], None),
                 await clients[2].classify("acme", None, vectors, model),
             ]
+            await clients[0].embed([[101, 7, 102]], 2.0, [2])  # a pair: its second text at 2
             theirs = await onnx.to_async.embed(
                 ids=[[101, 102]], model=model, variant="int8", deadline_s=2.0
             )
@@ -223,14 +224,22 @@ def test_hot_calls_are_read_by_the_runner_and_answer_as_bentomls_client(transpor
     embeddings = theirs["embeddings"] if isinstance(theirs, dict) else theirs.embeddings
     np.testing.assert_array_equal(np.asarray(embeddings, np.float32), onnx.vectors)
     assert type(by_ids) is Classified and by_ids == by_vectors == CLASSIFIED
-    ids = {"ids": [[101, 102]], "model": model, "variant": "int8", "deadline_s": 2.0}
+    ids = {
+        "ids": [[101, 102]], "model": model, "variant": "int8", "deadline_s": 2.0, "segments": None
+    }  # fmt: skip
+    pair = {**ids, "ids": [[101, 7, 102]], "segments": [2]}
     by_vectors = {"tenant": "acme", "ids": None, "vectors": vectors.tolist(), "encoder": model}
     assert seen == [
         ("embed", model, ids),
         # a spent budget still goes
-        ("embed", model, {"ids": [[101, 102]], "model": model, "deadline_s": 0.001}),
+        (
+            "embed",
+            model,
+            {"ids": [[101, 102]], "model": model, "deadline_s": 0.001, "segments": None},
+        ),
         ("classify", "acme", {"tenant": "acme", "ids": [[5, 6]], "vectors": None, "encoder": None}),
         ("classify", "acme", by_vectors),
+        ("embed", model, pair),
         ("embed", None, ids),  # BentoML's own client: the same arguments (no header)
     ]
 
