@@ -52,9 +52,12 @@ class Checks:
 
     @cache  # noqa: B019 - one instance per model
     def tokenizer(self) -> Any:
-        return load_tokenizer(
-            self.src.path / "tokenizer.json", self.spec.max_length, self.spec.task == "rerank"
-        )
+        return load_tokenizer(self.src.path / "tokenizer.json", self.spec.max_length)
+
+    @cache  # noqa: B019
+    def pair_tokenizer(self) -> Any:
+        """Pairs cut from their second text (a tokenizer set so cannot cut a single text)."""
+        return load_tokenizer(self.src.path / "tokenizer.json", self.spec.max_length, pairs=True)
 
     def feeds(self, ids: list[list[int]], segments: list[int] | None = None) -> Feeds:
         return pad(ids, self.spec.pad_id, self.spec.token_types, segments)
@@ -109,7 +112,7 @@ class Checks:
             ids = tokenize(self.tokenizer(), texts)
             return ids, [(index[a], index[b]) for a, b in pairs], None
         if self.spec.task == "rerank":
-            ids, segments = tokenize_pairs(self.tokenizer(), pairs)
+            ids, segments = tokenize_pairs(self.pair_tokenizer(), pairs)
             return ids, [], segments
         texts = [t for pair in pairs for t in pair][:PAIRS]
         return tokenize(self.tokenizer(), texts), [], None

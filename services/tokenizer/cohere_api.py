@@ -10,6 +10,7 @@ as the SDK sends some of them on every call (``priority``) and clients built for
 
 from __future__ import annotations
 
+import logging
 import uuid
 from collections.abc import Callable
 from typing import Annotated, Any, Literal, Protocol
@@ -28,6 +29,7 @@ from services.tokenizer.settings import SETTINGS
 from serving.errors import ApiError, Overloaded, TooManyTokens
 from serving.replies import reply as _json
 
+logger = logging.getLogger(__name__)
 MOUNT_V2 = "/v2"
 RERANK_V1 = "/v1/rerank"
 RERANK_V2 = f"{MOUNT_V2}/rerank"
@@ -129,11 +131,14 @@ async def rerank(service: Reranking, body: bytes, version: Literal["1", "2"]) ->
 def openapi_paths() -> dict[str, Any]:
     """These routes as OpenAPI path items, for the public document (openapi.py adds them)."""
     request = RerankRequest.model_json_schema()
+    text = {"type": "string", "minLength": 1, "maxLength": SETTINGS.max_chars}
     request["properties"]["documents"] = {
         "type": "array",
         "minItems": 1,
         "maxItems": SETTINGS.max_documents,
-        "items": {"type": "string", "minLength": 1, "maxLength": SETTINGS.max_chars},
+        "items": {
+            "oneOf": [text, {"type": "object", "required": ["text"], "properties": {"text": text}}]
+        },
     }
     result = {
         "type": "object",
@@ -190,7 +195,17 @@ def routes(service: Callable[[], Reranking], version: Literal["1", "2"]) -> list
     """The rerank route of Cohere's API ``version``, for the app mounted at /v1 or /v2."""
 
     async def endpoint(request: Request) -> Response:
-        return await rerank(service(), await request.body(), version)
+        content_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
+        if content_type != "application/json":
+            message = f"invalid request: send a JSON body (content-type: {content_type!r})"
+            return CohereError(400, message).response()
+        try:
+            return await rerank(service(), await request.body(), version)
+        except Exception:
+            # Logged here, answered in Cohere's shape (under /v1 the app around this route would
+            # answer in OpenAI's).
+            logger.exception("rerank failed")
+            return CohereError(500, "internal error").response()
 
     return [Route("/rerank", endpoint, methods=["POST"])]
 

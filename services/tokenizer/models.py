@@ -35,17 +35,24 @@ class Model:
         return tokenize(self.tokenizer, texts)
 
     def encode_pairs(
-        self, pairs: Sequence[tuple[str, str]], field: str, truncate: bool = True
+        self,
+        pairs: Sequence[tuple[str, str]],
+        field: str,
+        truncate: bool = True,
+        first: str | None = None,
     ) -> tuple[list[list[int]], list[int]]:
-        """Pairs as the model's tokenizer encodes them, and where each second text starts; a 400
-        naming ``field`` for a pair whose first text alone is too long, or (``truncate`` off)
-        any pair longer than the model reads."""
+        """Pairs as the model's tokenizer encodes them, and where each second text starts. A 400
+        for a pair whose first text leaves no room for the second (naming ``first``, the field
+        that holds every pair's first text, or ``field[i][0]``), or, with ``truncate`` off, for
+        any pair longer than the model reads (naming ``field[i]``)."""
         try:
             ids, segments = tokenize_pairs(self.pair_tokenizer or self.tokenizer, pairs)
         except PairTooLong as exc:
+            where = first or f"{field}[{exc.index}][0]"
             raise ApiError(
-                f"{field}[{exc.index}]: its first text alone is longer than {self.name} reads "
-                f"({self.spec.max_length} tokens)",
+                f"{where}: too long for {self.name}: with the special tokens it leaves no room "
+                f"for the text it is paired with within the {self.spec.max_length} tokens the "
+                "model reads",
                 400,
             ) from None
         if not truncate:

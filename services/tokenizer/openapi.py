@@ -114,9 +114,9 @@ def name_models(paths: dict[str, Any], served: list[ModelSpec]) -> None:
 
 def refine(spec: dict[str, Any], served: list[ModelSpec] | None = None) -> dict[str, Any]:
     paths = spec.setdefault("paths", {})
+    paths.update(cohere_api.openapi_paths())
     name_models(paths, served or [])
     paths.update(openapi_paths())
-    paths.update(cohere_api.openapi_paths())
     # OpenAI's `dimensions` (nullable): the widths the served embed models offer.
     embed = [s for s in served or [] if s.task == "embed"]
     openai = _request_properties(paths, EMBEDDINGS_PATH)

@@ -218,7 +218,7 @@ class Tokenizer:
         through here."""
         started = time.perf_counter()
         pairs = [(query, text) for text in texts]
-        ids, segments = await self.text.run(model.encode_pairs, pairs, field, truncate)
+        ids, segments = await self.text.run(model.encode_pairs, pairs, field, truncate, "query")
         logits, headers = await self._run(model, model.backend(None), ids, segments, started)
         return scoring.relevance(logits, raw), headers
 

@@ -49,7 +49,9 @@ def tenants(stack: Stack) -> list[list]:
         reply = stack.client.post("/tenants/train", json=body)
         assert reply.status_code == 200, reply.text
 
-    with ThreadPoolExecutor(4) as pool:
+    # Two at a time, the machine's cores: training is CPU-bound, and more at once only wait longer
+    # each, up to the public service's request timeout on a busy host.
+    with ThreadPoolExecutor(2) as pool:
         list(pool.map(train, TENANTS))
     texts = [spec.train[0][0] for spec in TENANTS]
     reply = stack.client.post("/tokenize", json={"texts": texts, "tokenizer": "sentencepiece"})

@@ -5,9 +5,10 @@ Small random-weight checkpoints stand in for the architectures this machine has 
 DistilBERT (no token types) with a WordPiece one. A temporary catalogue declares them as local
 checkpoints; the documented commands build (`make models CATALOGUE=...`), check
 (`python -m models.parity`) and serve them (`make serve CATALOGUE=...`); `/embed` on every backend
-and `/v1/embeddings` answer as PyTorch does. Two heads beside them: a BERT cross-encoder (token
-types: a pair's second text is segment 1) serves `/rerank` and Cohere's rerank API, an XLM-R
-classifier `/predict`, each as transformers' own tokenizer and model answer.
+and `/v1/embeddings` answer as PyTorch does. Three heads beside them: two cross-encoders, BERT
+(token types: a pair's second text is segment 1) and RoBERTa (none), serve `/rerank` and Cohere's
+rerank API, an XLM-R classifier of three labels `/predict`, each on its first backend as
+transformers' own tokenizer and model answer (the parity gate holds every backend to PyTorch).
 """
 
 from __future__ import annotations
@@ -57,7 +58,11 @@ HEADS = [
     {"name": "tiny-reranker", "source": "./bert-rerank", "task": "rerank", "backends": ["onnx", "tf"]},
     {"name": "tiny-classifier", "source": "./xlmr-classify", "task": "classify",
      "backends": ["tf", "onnx"]},
+    # RoBERTa's pair template gives no token types: <s> A </s></s> B </s>, on TF by default.
+    {"name": "tiny-roberta-reranker", "source": "./roberta-rerank", "task": "rerank",
+     "backends": ["tf", "onnx"]},
 ]  # fmt: skip
+RERANKERS = ["tiny-reranker", "tiny-roberta-reranker"]
 EMBED = ENTRIES
 ENTRIES = [*EMBED, *HEADS]
 QUERY = "where is my order"
@@ -81,6 +86,7 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, str
         checkpoints.write(root / architecture, architecture)
     checkpoints.write(root / "bert-rerank", "bert", labels=["relevant"], seed=1)
     checkpoints.write(root / "xlmr-classify", "xlm-roberta", labels=LABELS, seed=2)
+    checkpoints.write(root / "roberta-rerank", "roberta", labels=["relevant"], seed=3)
     (root / "catalogue.yaml").write_text(yaml.safe_dump({"models": ENTRIES}, sort_keys=False))
     env = {**os.environ, "BENTOML_HOME": str(root / "home"), "HF_HUB_OFFLINE": "1"}
     proc = make("models", f"CATALOGUE={root / 'catalogue.yaml'}", env=env)
@@ -325,31 +331,32 @@ def head_logits(root: Path, name: str, inputs: list[str] | list[tuple[str, str]]
         return model(**encoded).logits.numpy()
 
 
+@pytest.mark.parametrize("name", RERANKERS)
 def test_rerank_scores_each_pair_as_pytorch_and_ranks_them(
-    built: tuple[Path, dict[str, str]], catalogue_graph: str
+    built: tuple[Path, dict[str, str]], catalogue_graph: str, name: str
 ) -> None:
-    logits = head_logits(built[0], "tiny-reranker", [(QUERY, d) for d in DOCUMENTS])[:, 0]
+    logits = head_logits(built[0], name, [(QUERY, d) for d in DOCUMENTS])[:, 0]
     want = 1 / (1 + np.exp(-logits))
     order = list(np.argsort(-want, kind="stable"))
-    body = {"query": QUERY, "texts": DOCUMENTS, "model": "tiny-reranker"}
+    body = {"query": QUERY, "texts": DOCUMENTS, "model": name}
     reply = httpx.post(f"{catalogue_graph}/rerank", json=body, timeout=60)
     assert reply.status_code == 200, reply.text
     ranked = reply.json()
     assert [r["index"] for r in ranked] == order
     np.testing.assert_allclose([r["score"] for r in ranked], want[order], atol=1e-4)
     assert all("text" not in r for r in ranked)
-    # The default rerank model is the catalogue's first; top_n, texts and logits when asked.
+    # top_n, texts and logits when asked (and without a model, the catalogue's first reranker).
     body = {"query": QUERY, "texts": DOCUMENTS, "top_n": 2, "return_text": True, "raw_scores": True}
+    if name != RERANKERS[0]:
+        body["model"] = name
     top = httpx.post(f"{catalogue_graph}/rerank", json=body, timeout=60).json()
     assert [r["index"] for r in top] == order[:2]
     assert [r["text"] for r in top] == [DOCUMENTS[i] for i in order[:2]]
     np.testing.assert_allclose([r["score"] for r in top], logits[order[:2]], atol=1e-4)
     # Without truncation, a pair longer than the model reads is refused, naming its text.
-    body = {"query": QUERY, "texts": DOCUMENTS, "truncate": False}
+    body = {"query": QUERY, "texts": DOCUMENTS, "truncate": False, "model": name}
     refused = httpx.post(f"{catalogue_graph}/rerank", json=body)
-    assert (
-        refused.status_code == 400 and "texts[3]: longer than tiny-reranker reads" in refused.text
-    )
+    assert refused.status_code == 400 and f"texts[3]: longer than {name} reads" in refused.text
 
 
 def test_predict_gives_each_input_its_labels_as_pytorch(
@@ -381,6 +388,7 @@ def test_predict_gives_each_input_its_labels_as_pytorch(
         ("/rerank", {"query": " ", "texts": ["a"]}, "query"),
         ("/rerank", {"query": "q", "texts": []}, "texts"),
         ("/rerank", {"query": "q", "texts": ["a"] * 257}, "texts"),
+        ("/rerank", {"query": "word " * 300, "texts": ["a"]}, "query: too long for tiny-reranker"),
         (
             "/rerank",
             {"query": "q", "texts": ["a"], "model": "tiny-xlmr"},

@@ -112,7 +112,7 @@ def test_label_scores_are_the_softmax_best_first() -> None:
     assert [p["score"] for p in raw] == [3.0, 2.0, 1.0]
 
 
-def test_coheres_request_takes_v1_document_objects_and_ignores_fields_it_has_no_use_for() -> None:
+def test_coheres_request_takes_document_objects_and_ignores_fields_it_has_no_use_for() -> None:
     body = b'{"query": "q", "documents": ["a", {"text": "b"}], "priority": 0, "top_n": 1}'
     request = cohere_api.parse(body)
     assert request.documents == ["a", "b"] and request.top_n == 1 and request.model is None
@@ -124,3 +124,35 @@ def test_coheres_request_takes_v1_document_objects_and_ignores_fields_it_has_no_
         with pytest.raises(cohere_api.CohereError) as refused:
             cohere_api.parse(bad)
         assert refused.value.status == 400 and names in refused.value.message
+
+
+def test_the_coalescer_merges_pairs_with_single_texts_into_one_runner_call() -> None:
+    """A rerank request's pairs and another request's texts leave in one call: each row with where
+    its second text starts (a single text's length: none)."""
+    from services.tokenizer.coalesce import Coalescer, Embedded
+
+    calls: list[tuple[list[list[int]], list[int] | None]] = []
+
+    class Runner:
+        async def embed(
+            self, ids: list[list[int]], deadline_s: float, segments: list[int] | None = None
+        ) -> Embedded:
+            calls.append((ids, segments))
+            await asyncio.sleep(0.01)
+            return Embedded(np.array([[len(s)] for s in ids], np.float32), 0.0, 0.0)
+
+    async def main() -> None:
+        queue = TokenQueue(Admission(10_000, 5.0))
+        coalescer = Coalescer(Runner(), queue, max_inflight=1, max_tokens=10_000)
+        first = asyncio.create_task(coalescer.embed([[1, 2]]))  # goes out alone, at once
+        await asyncio.sleep(0)
+        merged = await asyncio.gather(
+            coalescer.embed([[2, 5, 3, 6, 3], [2, 5, 3, 7, 7, 3]], segments=[3, 3]),
+            coalescer.embed([[2, 9, 3]]),
+        )
+        await first
+        assert [e.vectors[:, 0].tolist() for e in merged] == [[5, 6], [3]]
+
+    asyncio.run(main())
+    assert calls[0] == ([[1, 2]], None)
+    assert calls[1] == ([[2, 5, 3, 6, 3], [2, 5, 3, 7, 7, 3], [2, 9, 3]], [3, 3, 3])
