@@ -25,6 +25,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from services.tokenizer.models import Model
+from services.tokenizer.scoring import ranking
 from services.tokenizer.settings import SETTINGS
 from serving.errors import ApiError, Overloaded, TooManyTokens
 from serving.replies import reply as _json
@@ -117,10 +118,9 @@ async def rerank(service: Reranking, body: bytes, version: Literal["1", "2"]) ->
         return CohereError(400, f"invalid request: {exc.message}").response()
     except ApiError as exc:
         return CohereError(exc.status, exc.message).response()
-    order = np.argsort(-scores, kind="stable")[: request.top_n]
     results = []
-    for i in order:
-        result: dict[str, Any] = {"index": int(i), "relevance_score": float(scores[i])}
+    for i in ranking(scores, request.top_n):
+        result: dict[str, Any] = {"index": i, "relevance_score": float(scores[i])}
         if request.return_documents:
             result["document"] = {"text": request.documents[i]}
         results.append(result)

@@ -103,6 +103,14 @@ class SimilarityRequest(Request):
     )
 
 
+def _without_null(data: dict[str, Any], name: str) -> dict[str, Any]:
+    # An optional field is left out, not sent as `null`: `null` would break the documented
+    # schema (see the module's docstring), and clients test for the key.
+    if data.get(name) is None:
+        data.pop(name, None)
+    return data
+
+
 class SimilarityResponse(BaseModel):
     scores: list[float] = Field(description="Cosine similarity of each pair's sentence vectors.")
     labels: list[Literal[0, 1]] | None = Field(
@@ -111,12 +119,7 @@ class SimilarityResponse(BaseModel):
 
     @model_serializer(mode="wrap")
     def _absent_not_null(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
-        # `null` would break the documented schema (see the module's docstring): labels are left
-        # out when there are none.
-        data = handler(self)
-        if data.get("labels") is None:
-            data.pop("labels", None)
-        return data
+        return _without_null(handler(self), "labels")
 
 
 class TokenizeRequest(Request):
@@ -218,10 +221,7 @@ class Ranked(BaseModel):
 
     @model_serializer(mode="wrap")
     def _absent_not_null(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
-        data = handler(self)
-        if data.get("text") is None:
-            data.pop("text", None)
-        return data
+        return _without_null(handler(self), "text")
 
 
 def _inputs(value: Any) -> Any:

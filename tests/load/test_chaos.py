@@ -73,7 +73,7 @@ def test_overload_is_refused_at_the_door_with_retry_after(report: dict) -> None:
 
 
 def test_admitted_requests_are_served_not_left_to_expire(report: dict) -> None:
-    """Admission plans to 90 % of the deadline, so what it admits is served: only if the stack
+    """Admission plans to 80 % of the deadline, so what it admits is served: only if the stack
     slows after admitting does a request wait out its deadline (503 "deadline passed", with
     Retry-After)."""
     overload = phase(report, "overload 4x")
