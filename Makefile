@@ -33,7 +33,7 @@ IMAGES_CMD := PATH=$(DOCKER_PATH) BASE_IMAGE=$(BASE_IMAGE) $(PY) deploy/bentos.p
 	    -t bento-bundle/$$image:$(IMAGE_TAG) deploy/$$image >/dev/null \
 	  && echo "image bento-bundle/$$image:$(IMAGE_TAG) built (deploy/$$image)" || exit 1; done
 
-.PHONY: help install wrk tools models parity bench ab profile chaos soak tenants tenants-mixed tenant-figures serve check test test-load test-newest-bentoml lint format clean \
+.PHONY: help install wrk tools models parity bench ab profile chaos cold-start soak tenants tenants-mixed tenant-figures serve check test test-load test-newest-bentoml lint format clean \
 	bentos engine engine-stop base-image images test-containers test-swarm
 
 help: ## List the targets
@@ -110,6 +110,9 @@ profile: models wrk ## Where a chat request's CPU goes in the tokenizer and the 
 
 chaos: models ## Overload at 4x capacity, recovery, workers SIGKILLed under load (PHASE_S seconds a phase)
 	$(PY) -m loadtests.chaos --seconds $(or $(PHASE_S),20)
+
+cold-start: models ## The whole graph from a start to ready and to its first correct answer, median of STARTS (5); records loadtests/results
+	$(PY) -m loadtests.cold_start --starts $(or $(STARTS),5) --record
 
 soak: models ## Every endpoint mixed at ~70 % of capacity for SOAK_S seconds (600): memory and fds must not grow
 	$(PY) -m loadtests.soak --seconds $(or $(SOAK_S),600)

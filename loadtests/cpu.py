@@ -76,6 +76,22 @@ def usage(pid: int) -> Usage:
     return Usage(main, other)
 
 
+def wakeups(pid: int) -> int:
+    """Context switches so far of every thread of ``pid``: each time a thread gave up the CPU,
+    voluntarily (it sleeps until woken: a timer, a poll, I/O) or not. At rest, their rate is how
+    often the process wakes up."""
+    total = 0
+    for entry in os.scandir(f"/proc/{pid}/task"):
+        try:
+            status = Path(entry.path, "status").read_text()
+        except (FileNotFoundError, ProcessLookupError):
+            continue  # a thread that ended meanwhile
+        for line in status.splitlines():
+            if line.startswith(("voluntary_ctxt_switches", "nonvoluntary_ctxt_switches")):
+                total += int(line.split()[1])
+    return total
+
+
 def label(proc: psutil.Process) -> str:
     """A process's role: the BentoML service it serves, or its program."""
     try:

@@ -69,6 +69,17 @@ def batchers(
     return made
 
 
+async def warm_up(batchers: Mapping[Key, Batcher], specs: Mapping[Key, ModelSpec]) -> None:
+    """A chat-sized and a bulk-sized request through each batcher, as a request goes: the queue,
+    the planner, the lanes' threads and the engine. An engine warmed from the main thread alone
+    still paid, on the first request, for the lane thread's first call."""
+    for key, batcher in batchers.items():
+        spec = specs[key]
+        token = min(1000, spec.vocab_size - 1)
+        for rows, length in ((1, 8), (16, 32)):
+            await batcher.submit([[token] * min(length, spec.max_length)] * rows)
+
+
 def pick(batchers: Mapping[Key, Batcher], model: str, backend: str) -> Batcher:
     """The batcher of ``model`` on ``backend``, or a 404 naming what this runner serves."""
     found = batchers.get((model, backend))

@@ -120,10 +120,14 @@ class HotPath:
         elif scope["type"] == "lifespan":
             send = _flushed_at_shutdown(_frozen_at_startup(send))
         await self.app(scope, receive, send)
+        if scope["type"] == "http" and self._routes is None:
+            # Built at the first request of any kind (a readiness probe, say), so that the first
+            # request to a hot route does not wait for the build.
+            self.routes()
 
     def routes(self) -> dict[str, ASGIApp]:
-        """Path -> its lean handler. Built at the first request: BentoML builds its middlewares at
-        start-up, and the lean path takes their settings from them. Empty: BentoML's path only,
+        """Path -> its lean handler. Built at the first request (a hot POST, or just after any
+        other): the lean path takes its settings from BentoML's middlewares, built by then. Empty: BentoML's path only,
         which is also what anything unexpected while building gives (one warning names it)."""
         if self._routes is None:
             layers = internals.started_layers(self.app)

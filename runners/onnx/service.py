@@ -14,6 +14,7 @@ from serving import catalogue
 from serving.errors import replies_on_error
 from serving.protocol import DeadlineSeconds, EmbedResult, ModelName, Segments, TokenIds, Variant
 from serving.served import chosen, declare, spec_of
+from serving.startup import Startup
 
 SETTINGS = OnnxRunnerSettings()
 BACKENDS = {"fp32": "onnx", "int8": "onnx-int8"}  # the API's variant -> the catalogue's backend
@@ -31,6 +32,8 @@ DEFAULT = SERVED[0].name if SERVED else ""  # a call that names no model
 class OnnxRunner:
     def __init__(self) -> None:
         from serving.engines.onnx import OnnxEngine
+
+        self.startup = startup = Startup("onnx_runner")
 
         self.specs = {(d.entry.name, d.artefact): spec_of(d.ref(self)) for d in DECLARED}
 
@@ -51,18 +54,31 @@ class OnnxRunner:
         if lanes == 1:
             # One lane runs one session at a time over every core; where there are several (models,
             # backends), an idle one's threads must not spin beside the one running.
-            wide = sessions(SETTINGS.threads, spin_between_runs=len(DECLARED) == 1)
-            self.batchers = embedding.batchers("onnx_runner", wide, self.specs, SETTINGS.policy)
+            with startup.part("load"):
+                wide = sessions(SETTINGS.threads, spin_between_runs=len(DECLARED) == 1)
+            with startup.part("warm_up"):
+                self.batchers = embedding.batchers("onnx_runner", wide, self.specs, SETTINGS.policy)
         else:  # one-thread sessions on parallel lanes, and a solo session on every lane's core
             # A solo session runs when nothing else is waiting: its threads stop spinning when a
             # run ends, leaving the cores to the hops that answer the request
             # (docs/decisions/0005-onnx-session-threads.md).
-            solos = sessions(lanes, spin_between_runs=False)
-            self.batchers = embedding.batchers(
-                "onnx_runner", sessions(1), self.specs, SETTINGS.policy, lanes, solos=solos
-            )
+            with startup.part("load"):
+                solos = sessions(lanes, spin_between_runs=False)
+                narrow = sessions(1)
+            with startup.part("warm_up"):
+                self.batchers = embedding.batchers(
+                    "onnx_runner", narrow, self.specs, SETTINGS.policy, lanes, solos=solos
+                )
         aliases = {entry.name: entry.aliases for entry in SERVED}
         self.servables = tf_serving.servables(self.batchers, self.specs, SUFFIXES, aliases)
+
+    @bentoml.on_startup
+    async def warm_up(self) -> None:
+        """After ``__init__``, before the first request (BentoML answers /readyz only after):
+        requests through every batcher, which need the event loop ``__init__`` does not have."""
+        with self.startup.part("warm_up"):
+            await embedding.warm_up(self.batchers, self.specs)
+        self.startup.done()
 
     @bentoml.api
     @replies_on_error

@@ -7,7 +7,7 @@ probability distribution; a head's shapes match its labels) in a staging directo
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -142,13 +142,25 @@ def train(
     return _checked_publish(store, tenant, staged)
 
 
-def upload(store: TenantStore, tenant: str, archive: Path, max_bytes: int) -> Registered:
-    """A model archive (.tar.gz of manifest.json + model.onnx, saved_model/ or head.npz), validated first."""
+def upload(
+    store: TenantStore,
+    tenant: str,
+    archive: Path,
+    max_bytes: int,
+    formats: Collection[str] = ("onnx", "tf"),
+) -> Registered:
+    """A model archive (.tar.gz of manifest.json + model.onnx, saved_model/ or head.npz), validated
+    first; a whole model only of the ``formats`` served (a head always)."""
     check_name(tenant)
     staged = store.unpack(archive, max_bytes)
     expected = {"manifest.json"}
     try:
         manifest = read_manifest(staged)
+        if manifest.format != "head" and manifest.format not in formats:
+            raise InvalidModel(
+                f"a {manifest.format} model; this runner serves heads and "
+                f"{list(formats) or 'no whole models'} (BUNDLE_TENANTS_FORMATS)"
+            )
         expected.add(MODEL_FILES[manifest.format])
         found = {p.name for p in staged.iterdir()}
         if found != expected:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Collection
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Literal, cast
@@ -39,14 +40,15 @@ from serving.protocol import (
     Vectors,
     timing_headers,
 )
+from serving.startup import Startup
 from serving.tenant_names import check_name
 
 SETTINGS = TenantRunnerSettings()
 logger = logging.getLogger("bento_bundle.tenants")
 
 
-def warm_up_runtimes() -> None:
-    """Load a throwaway classifier of each format once at start. The first SavedModel load in a
+def warm_up_runtimes(served: Collection[str]) -> None:
+    """Load a throwaway classifier of each ``served`` format once at start. The first SavedModel load in a
     process costs far more than later ones (TensorFlow's runtime starting up); paid on a request,
     it stalls every cold load queued behind it. And each runtime's fixed memory (ONNX Runtime's
     environment, TensorFlow's) is then part of the resident memory at ready, outside the models'
@@ -67,11 +69,23 @@ def warm_up_runtimes() -> None:
         ("onnx", classifier.export_onnx, ONNX_FILE),
     )
     for fmt, export, name in formats:
+        if fmt not in served:
+            continue
         with tempfile.TemporaryDirectory() as tmp:
             export(clf, Path(tmp) / name)
             write_manifest(Path(tmp), Manifest(format=fmt, labels=clf.labels))
             load("warm-up", "0", Path(tmp))
     release_freed_memory()
+
+
+def served(fmt: str, what: str) -> None:
+    """Refuse a whole-model format this runner does not serve (its runtime is not loaded)."""
+    if fmt != "head" and fmt not in SETTINGS.formats:
+        raise ApiError(
+            f"{what}: this runner serves heads and {SETTINGS.formats or 'no whole models'}, not "
+            f"{fmt} models (BUNDLE_TENANTS_FORMATS)",
+            409 if what.startswith("tenant") else 400,
+        )
 
 
 # Evicted models' memory is collected once they hold this share of the budget (see _load).
@@ -81,6 +95,7 @@ RELEASE_FRACTION = 0.2
 @bentoml.service(name="tenant_runner", **SETTINGS.service_config(["/classify"]))
 class TenantRunner:
     def __init__(self) -> None:
+        startup = Startup("tenant_runner")
         self.store = TenantStore(SETTINGS.store, keep_versions=SETTINGS.keep_versions)
         self.store.clean_staging()
         # One engine thread for every tenant model: their calls never overlap on the cores.
@@ -98,14 +113,17 @@ class TenantRunner:
         )
         # One training at a time: it competes with serving for the cores.
         self.training = asyncio.Semaphore(1)
-        warm_up_runtimes()
+        with startup.part("warm_up"):
+            warm_up_runtimes(SETTINGS.formats)
         self.uncollected = 0  # estimated bytes of models evicted since memory was last given back
         # Every head tenant in memory before the first request: none waits for a load.
         self.heads = heads.HeadBank()
         self.formats: dict[tuple[str, str], TenantFormat] = {}  # (tenant, version) → format
-        seconds = self.heads.preload(list(self._current_heads()))
+        with startup.part("load"):
+            seconds = self.heads.preload(list(self._current_heads()))
         self.export_metrics.heads(len(self.heads.heads), self.heads.nbytes)
         logger.info("%d head tenants resident (read in %.1f s)", len(self.heads.heads), seconds)
+        startup.done()
 
     def _current_heads(self):
         for tenant in self.store.names():
@@ -200,6 +218,7 @@ class TenantRunner:
             probabilities = head.probabilities(rows)
             labels, answered, cache = head.labels, head.version, "hit"
         else:
+            served(fmt, f"tenant {tenant!r}")
             if ids is None:
                 raise WrongInputFormat(f"tenant {tenant!r} is a {fmt} model: send ids")
             misses = self.cache.stats.misses
@@ -239,6 +258,7 @@ class TenantRunner:
         from the texts' vectors by ``encoder`` (a catalogue model, recorded in its manifest), an
         ONNX or TF model from their SentencePiece ids."""
         check_name(tenant)
+        served(format, "format")
         if (vectors if format == "head" else ids) is None:
             raise WrongInputFormat(
                 f"format {format!r} trains from {'vectors' if format == 'head' else 'ids'}"
@@ -270,7 +290,7 @@ class TenantRunner:
         """Register a model archive (.tar.gz: manifest.json + head.npz, model.onnx or saved_model/) after checking it."""
         check_name(tenant)
         published = await asyncio.to_thread(
-            registry.upload, self.store, tenant, file, SETTINGS.max_upload_bytes
+            registry.upload, self.store, tenant, file, SETTINGS.max_upload_bytes, SETTINGS.formats
         )
         return published
 

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Literal
 
 from pydantic import Field
 from pydantic_settings import SettingsConfigDict
@@ -36,6 +37,12 @@ class TenantRunnerSettings(RunnerSettings):
         "+ 1.25x this (tests/load/test_tenant_memory.py) unless the budget is so small that what "
         "the allocator keeps between loads dominates (docs/decisions/0010-tenant-memory.md). "
         "Head tenants are outside it.",
+    )
+    formats: list[Literal["onnx", "tf"]] = Field(
+        ["onnx", "tf"],
+        description="Whole-model formats this runner serves besides heads, as a JSON list; each "
+        "one's runtime is loaded at start. [] serves heads only and loads neither runtime "
+        "(TensorFlow alone is most of a start); a tenant of another format is refused.",
     )
     max_upload_mb: float = Field(16, gt=0, description="Largest model archive accepted by upload.")
     load_threads: int = Field(

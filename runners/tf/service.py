@@ -11,6 +11,7 @@ from serving import catalogue
 from serving.errors import replies_on_error
 from serving.protocol import DeadlineSeconds, EmbedResult, ModelName, Segments, TokenIds
 from serving.served import chosen, declare, spec_of
+from serving.startup import Startup
 
 SETTINGS = TFRunnerSettings()
 SERVED = [
@@ -25,19 +26,30 @@ class TFRunner:
     def __init__(self) -> None:
         from serving.engines.tf import TFEngine
 
+        self.startup = startup = Startup("tf_runner")
         self.specs = {(d.entry.name, d.artefact): spec_of(d.ref(self)) for d in DECLARED}
-        engines = {
-            (d.entry.name, d.artefact): TFEngine(
-                d.ref(self).path_of("saved_model"),
-                self.specs[(d.entry.name, d.artefact)].contract(),
-                threads=SETTINGS.threads,
-                name=str(d.ref(self).tag),
-            )
-            for d in DECLARED
-        }
-        self.batchers = embedding.batchers("tf_runner", engines, self.specs, SETTINGS.policy)
+        with startup.part("load"):
+            engines = {
+                (d.entry.name, d.artefact): TFEngine(
+                    d.ref(self).path_of("saved_model"),
+                    self.specs[(d.entry.name, d.artefact)].contract(),
+                    threads=SETTINGS.threads,
+                    name=str(d.ref(self).tag),
+                )
+                for d in DECLARED
+            }
+        with startup.part("warm_up"):
+            self.batchers = embedding.batchers("tf_runner", engines, self.specs, SETTINGS.policy)
         aliases = {entry.name: entry.aliases for entry in SERVED}
         self.servables = tf_serving.servables(self.batchers, self.specs, {}, aliases)
+
+    @bentoml.on_startup
+    async def warm_up(self) -> None:
+        """After ``__init__``, before the first request (BentoML answers /readyz only after):
+        requests through every batcher, which need the event loop ``__init__`` does not have."""
+        with self.startup.part("warm_up"):
+            await embedding.warm_up(self.batchers, self.specs)
+        self.startup.done()
 
     @bentoml.api
     @replies_on_error

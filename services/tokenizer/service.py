@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import logging
 import time
 from pathlib import Path
 from typing import Any, NamedTuple, cast
@@ -64,6 +65,7 @@ from serving.protocol import (
 )
 from serving.replies import reply
 from serving.served import declare, spec_of
+from serving.startup import Startup
 from serving.tenant_names import check_name
 
 
@@ -92,6 +94,10 @@ class EncoderNotServed(ApiError):
     """A head tenant over a model this deployment no longer serves."""
 
 
+logger = logging.getLogger("bento_bundle.tokenizer")
+
+# One readiness probe's try at the warm-up requests: within the probes' own timeouts (deploy/).
+WARM_UP_TIMEOUT_S = 2.0
 HEAD_PART = 32  # texts per embedding call when a head tenant's training set is embedded
 
 
@@ -134,7 +140,48 @@ class Tokenizer:
     def __init__(self) -> None:
         from services.tokenizer.text import Tokenizers
 
-        self.text = Tokenizers(self.sentencepiece.path_of("spiece.model"))
+        self.startup = startup = Startup("tokenizer")
+        with startup.part("load"):
+            self.text = Tokenizers(self.sentencepiece.path_of("spiece.model"))
+            self.models = Models(self._models())
+        self.warm = False  # set once a request has been through every model's runners
+        self.warming = asyncio.Lock()  # one try at a time, whatever the probes that overlap
+        self.not_warm_because = ""
+        self.tenants = TenantRunnerClient(self.tenant_runner, SETTINGS.lean_path)
+        # What each tenant's current version reads, as last seen: a head tenant its encoder's
+        # vectors, a whole-model tenant SentencePiece ids (asked of the runner when unknown).
+        self.tenant_reads: dict[str, TenantReads] = {}
+        self.keys = TenantKeys(SETTINGS.tenant_keys_file)
+
+    async def __is_ready__(self) -> bool:
+        """Ready once one text of each model has been through each of its backends' runners, as a
+        request goes: the first request would otherwise pay for what it is the first to take (the
+        tokenizer's first call, the hop client and connection to each runner). Not ready until a
+        runner answers; BentoML also checks the runners' own readiness after this."""
+        if self.warm:
+            return True
+        if self.warming.locked():  # a probe's try is under way: not ready yet
+            return False
+        async with self.warming:
+            began = time.perf_counter()
+            try:
+                async with asyncio.timeout(WARM_UP_TIMEOUT_S):
+                    for model in self.models.by_name.values():
+                        for backend in model.queues:
+                            await self.embed_with(model, backend, ["warm up"])
+            except Exception as exc:  # a runner not up yet, or failing: not ready, try again
+                because = f"{type(exc).__name__}: {exc}"
+                if because != self.not_warm_because:  # said once, not at every probe
+                    logger.warning("not ready: the warm-up request failed (%s)", because)
+                    self.not_warm_because = because
+                return False
+            self.warm = True
+            self.startup.parts["warm_up_s"] = time.perf_counter() - began  # the try that worked
+            self.startup.done()
+            return True
+
+    def _models(self) -> dict[str, Model]:
+        """Each declared model's tokenizers and, per backend, its coalescing queue."""
         served = {}
         for declared in DECLARED:
             # The catalogue says which backends serve the model (the runners load those);
@@ -153,12 +200,7 @@ class Tokenizer:
                 )
                 model.queues[backend] = coalescer(label, runner, SETTINGS)
             served[spec.name] = model
-        self.models = Models(served)
-        self.tenants = TenantRunnerClient(self.tenant_runner, SETTINGS.lean_path)
-        # What each tenant's current version reads, as last seen: a head tenant its encoder's
-        # vectors, a whole-model tenant SentencePiece ids (asked of the runner when unknown).
-        self.tenant_reads: dict[str, TenantReads] = {}
-        self.keys = TenantKeys(SETTINGS.tenant_keys_file)
+        return served
 
     def _tenant(self, name: str, ctx: bentoml.Context) -> str:
         """A valid tenant name (422 before any work for one that could never exist) and, with keys

@@ -412,6 +412,15 @@ def unsafe(service: HotPathService) -> list[str]:
         return sorted(app.routes())
 
 
+def probed(service: HotPathService) -> dict[str, Any]:
+    """The lean routes before any request, and after one readiness probe (no POST yet)."""
+    app = service.to_asgi(is_main=True)
+    with TestClient(app) as client:
+        before = app._routes  # what the first POST would otherwise build
+        status = client.get("/readyz").status_code
+        return {"before": before, "probe": status, "after": sorted(app._routes or {})}
+
+
 def frozen(service: HotPathService) -> dict[str, Any]:
     """What ``gc.freeze`` holds before the app starts and once its start-up is complete, whether
     the service instance, made at start-up, is among the frozen objects then (objects frozen are
@@ -462,6 +471,7 @@ if __name__ == "__main__":
         "traced": traced,
         "unsafe": unsafe,
         "frozen": frozen,
+        "probed": probed,
         **{name: lambda s: answers(s, once_started) for name in BREAKS},
     }[scenario]
     print(json.dumps(run(service)))

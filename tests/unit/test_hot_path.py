@@ -211,6 +211,14 @@ def test_a_reply_is_one_sized_body_of_float32_numbers() -> None:
     assert np.array_equal(np.asarray(json.loads(strided)["v"], np.float32), vectors[:, ::2])
 
 
+def test_a_readiness_probe_builds_the_lean_routes_before_the_first_post(tmp_path_factory) -> None:
+    """The lean routes are built from BentoML's middlewares, which its first request starts: a
+    probe's GET is that request, so the first POST to a hot route finds them built."""
+    probed = run("probed", "lean", tmp_path_factory)
+    assert probed["before"] is None and probed["probe"] == 200, probed
+    assert probed["after"] == sorted(ROUTES)
+
+
 def test_start_up_objects_are_frozen_once_start_up_is_complete(tmp_path_factory) -> None:
     """The lean path's service collects what start-up left unreachable and freezes the rest
     (gc.freeze), the service instance among it, so that full collections stop scanning it, and

@@ -131,6 +131,21 @@ def test_wrong_contract_is_refused(store: TenantStore, tmp_path: Path) -> None:
     assert store.current("acme") == old
 
 
+def test_a_format_the_runner_does_not_serve_is_refused_before_it_loads(
+    store: TenantStore, tmp_path: Path
+) -> None:
+    """A heads-only runner (BUNDLE_TENANTS_FORMATS=[]) never loads a runtime for an upload: the
+    archive's format is refused from its manifest, and nothing is published."""
+    old = store.current("acme")
+    onnx = archive(tiny_model(tmp_path / "onnx", ["a", "b"]), tmp_path / "onnx.tar.gz")
+    with pytest.raises(InvalidModel, match="BUNDLE_TENANTS_FORMATS"):
+        registry.upload(store, "acme", onnx, 1 << 24, formats=[])
+    assert store.current("acme") == old
+    assert list((store.root / ".staging").iterdir()) == []
+    registry.upload(store, "acme", onnx, 1 << 24, formats=["onnx"])  # served: published
+    assert store.current("acme") != old
+
+
 def test_archive_escaping_the_staging_directory_is_refused(
     store: TenantStore, tmp_path: Path
 ) -> None:
