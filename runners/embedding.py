@@ -16,6 +16,7 @@ from serving.catalogue import ModelSpec
 from serving.errors import ApiError
 from serving.features import pad
 from serving.protocol import EmbedResult, check_ids, check_segments, timing_headers
+from serving.startup import Startup
 
 Key = tuple[str, str]  # (model name, backend)
 
@@ -69,15 +70,21 @@ def batchers(
     return made
 
 
-async def warm_up(batchers: Mapping[Key, Batcher], specs: Mapping[Key, ModelSpec]) -> None:
-    """A chat-sized and a bulk-sized request through each batcher, as a request goes: the queue,
-    the planner, the lanes' threads and the engine. An engine warmed from the main thread alone
-    still paid, on the first request, for the lane thread's first call."""
-    for key, batcher in batchers.items():
-        spec = specs[key]
-        token = min(1000, spec.vocab_size - 1)
-        for rows, length in ((1, 8), (16, 32)):
-            await batcher.submit([[token] * min(length, spec.max_length)] * rows)
+async def warm_up(
+    batchers: Mapping[Key, Batcher], specs: Mapping[Key, ModelSpec], startup: Startup
+) -> None:
+    """A runner's start-up hook, after ``__init__`` (which has no event loop to submit from) and
+    before BentoML answers its /readyz: a chat-sized and a bulk-sized request through each batcher,
+    as a request goes (the queue, the planner, the lanes' threads, the engine); then the start is
+    logged. An engine warmed from the main thread alone still paid, on the first request, for the
+    lane thread's first call."""
+    with startup.part("warm_up"):
+        for key, batcher in batchers.items():
+            spec = specs[key]
+            token = min(1000, spec.vocab_size - 1)
+            for rows, length in ((1, 8), (16, 32)):
+                await batcher.submit([[token] * min(length, spec.max_length)] * rows)
+    startup.done()
 
 
 def pick(batchers: Mapping[Key, Batcher], model: str, backend: str) -> Batcher:

@@ -74,11 +74,7 @@ class OnnxRunner:
 
     @bentoml.on_startup
     async def warm_up(self) -> None:
-        """After ``__init__``, before the first request (BentoML answers /readyz only after):
-        requests through every batcher, which need the event loop ``__init__`` does not have."""
-        with self.startup.part("warm_up"):
-            await embedding.warm_up(self.batchers, self.specs)
-        self.startup.done()
+        await embedding.warm_up(self.batchers, self.specs, self.startup)
 
     @bentoml.api
     @replies_on_error

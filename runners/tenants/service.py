@@ -48,8 +48,8 @@ logger = logging.getLogger("bento_bundle.tenants")
 
 
 def warm_up_runtimes(served: Collection[str]) -> None:
-    """Load a throwaway classifier of each ``served`` format once at start. The first SavedModel load in a
-    process costs far more than later ones (TensorFlow's runtime starting up); paid on a request,
+    """Load a throwaway classifier of each ``served`` format once at start. The first SavedModel
+    load in a process costs far more than later ones (TensorFlow's runtime starting up); paid on a request,
     it stalls every cold load queued behind it. And each runtime's fixed memory (ONNX Runtime's
     environment, TensorFlow's) is then part of the resident memory at ready, outside the models'
     budget, as it is in fact (docs/decisions/0010-tenant-memory.md)."""
