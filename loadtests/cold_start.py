@@ -1,19 +1,12 @@
 """Cold start: from a start of the whole graph (``bentoml serve .``) to ready and to its first correct
-answer, and what that first answer cost against the steady state, over several starts.
+answer, that answer against the steady state, the graph at rest; then each of ``ALONE`` by itself.
 
     python -m loadtests.cold_start [--starts 5] [--steady 30] [--idle 10] [--record]
-                                                                             (make cold-start)
 
-For each start: the seconds from launching ``bentoml serve`` to /readyz answering 200 (the graph's
-readiness waits for every runner's), to the first /embed answered correctly, that first answer's
-latency, and the median of ``--steady`` answers after it. A correct answer is the vector the same
-server gives once warm, for the same text. Each service logs its own start in three parts
-(serving/startup.py): import (from the process's start to its ``__init__``), model load, warm-up;
-they are read from the server's log. Then the graph rests: after ``REST_S``, each service's worker is
-watched for ``--idle`` seconds (its first worker, and BentoML's supervisor): CPU, wake-ups (context
-switches of all its threads) per second, and resident memory. The figures reported are each one's median over the starts;
-``--record`` writes them to loadtests/results/cold-start/DATE.json, which loadtests/README.md
-quotes.
+A correct answer is the one the same server gives once warm. Each service logs its start in parts
+(serving/startup.py), read from the server's log. At rest, each service's first worker and BentoML's
+supervisor are watched for ``--idle`` seconds. Medians over the starts; ``--record`` writes them to
+loadtests/results/cold-start/DATE.json (make cold-start), which loadtests/README.md quotes.
 """
 
 from __future__ import annotations
@@ -26,6 +19,7 @@ import platform
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from typing import Any
 
 import httpx
@@ -49,49 +43,68 @@ def at_rest(server: Server, services: list[str], seconds: float) -> dict[str, di
     share of one core, wake-ups per second, resident MB at the end."""
     procs = {name: cpu.workers(server, name)[0] for name in services}
     procs["supervisor"] = server.process()
-    before = {n: (cpu.usage(p.pid), cpu.wakeups(p.pid)) for n, p in procs.items()}
+
+    def counts(pid: int) -> tuple[float, int]:
+        used = cpu.usage(pid)
+        return used.main_s + used.other_s, cpu.wakeups(pid)
+
+    before = {name: counts(proc.pid) for name, proc in procs.items()}
     time.sleep(seconds)
-    out = {}
-    for name, proc in procs.items():
-        (used, woke), now = before[name], cpu.usage(proc.pid)
-        busy = now.main_s + now.other_s - used.main_s - used.other_s
-        out[name] = {
-            "cpu_share": round(busy / seconds, 4),
-            "wakeups_per_s": round((cpu.wakeups(proc.pid) - woke) / seconds, 1),
+    return {
+        name: {
+            "cpu_share": round((counts(proc.pid)[0] - before[name][0]) / seconds, 4),
+            "wakeups_per_s": round((counts(proc.pid)[1] - before[name][1]) / seconds, 1),
             "rss_mb": round(proc.memory_info().rss / 2**20, 1),
         }
-    return out
+        for name, proc in procs.items()
+    }
 
 
-def first_ready(client: httpx.Client, launched: float, server: Server) -> float:
-    """Seconds from ``launched`` (``time.monotonic``) until /readyz answers 200."""
+def until_200(server: Server, launched: float, send: Callable[[], httpx.Response]) -> Any:
+    """Send until the answer is a 200: its JSON (None for /readyz's text), and the seconds from
+    ``launched`` (``time.monotonic``)."""
     while time.monotonic() - launched < LIMIT_S:
         server.descendants()  # remembered now: a server that dies while starting orphans them
         if server.proc is not None and server.proc.poll() is not None:
             raise RuntimeError(f"the server exited while starting:\n{server.tail()}")
         try:
-            if client.get("/readyz", timeout=2).status_code == 200:
-                return time.monotonic() - launched
+            resp = send()
+            if resp.status_code == 200:
+                body = resp.json() if "json" in resp.headers.get("content-type", "") else None
+                return body, time.monotonic() - launched
         except httpx.TransportError:
             pass
         time.sleep(POLL_S)
-    raise TimeoutError(f"not ready after {LIMIT_S} s:\n{server.tail()}")
+    raise TimeoutError(f"no answer after {LIMIT_S} s:\n{server.tail()}")
+
+
+def first_ready(client: httpx.Client, launched: float, server: Server) -> float:
+    return until_200(server, launched, lambda: client.get("/readyz", timeout=2))[1]
 
 
 def embed(client: httpx.Client) -> tuple[np.ndarray, float]:
     started = time.perf_counter()
-    resp = client.post("/embed", json={"texts": [TEXT]}, timeout=30)
-    latency = time.perf_counter() - started
-    resp.raise_for_status()
-    return np.asarray(resp.json()["embeddings"][0], dtype=np.float32), latency
+    resp = client.post("/embed", json={"texts": [TEXT]}, timeout=30).raise_for_status()
+    return np.asarray(resp.json()["embeddings"][0], np.float32), time.perf_counter() - started
+
+
+def logged(server: Server, launched_at: float) -> dict[str, dict[str, float]]:
+    """Each service's start as it logged it, its start and ready as seconds after the launch."""
+    return {
+        r["service"]: {
+            "started_s": round(r["started_at"] - launched_at, 3),
+            **{k: r[k] for k in ("import_s", "load_s", "warm_up_s", "total_s")},
+            "ready_s": round(r["ready_at"] - launched_at, 3),
+        }
+        for r in parse(server.log.read_text(errors="replace"))
+    }
 
 
 def one_start(index: int, steady: int, idle: float) -> dict[str, Any]:
     """Launch the graph, time it to ready and to its first correct answer, watch it at rest, stop
     it."""
     server = bentoml_serve(".", log_path(f"cold-start-{index}.log"))
-    launched_at = time.time()
-    launched = time.monotonic()
+    launched_at, launched = time.time(), time.monotonic()
     server.launch()
     try:
         with httpx.Client(base_url=server.url) as client:
@@ -105,13 +118,7 @@ def one_start(index: int, steady: int, idle: float) -> dict[str, Any]:
         diff = float(np.max(np.abs(first - vector)))
         if diff > MAX_ABS_DIFF:
             raise AssertionError(f"the first answer is off the warm one by {diff:.1e}")
-        services = {}
-        for record in parse(server.log.read_text(errors="replace")):
-            services[record["service"]] = {
-                "started_s": round(record["started_at"] - launched_at, 3),
-                **{k: record[k] for k in ("import_s", "load_s", "warm_up_s", "total_s")},
-                "ready_s": round(record["ready_at"] - launched_at, 3),
-            }
+        services = logged(server, launched_at)
         time.sleep(REST_S)
         rest = at_rest(server, sorted(services), idle)
     finally:
@@ -133,24 +140,14 @@ def one_start(index: int, steady: int, idle: float) -> dict[str, Any]:
 # A service started by itself, as its container starts it: its route polled from launch until it
 # answers. The tokenizer's runners are URLs (BentoML reads each one's schema as the tokenizer
 # starts, so they are up first, as in the compose stack); /tokenize needs none of them.
+ONNX, TF, TENANTS = (f"runners.{m}" for m in ("onnx.service:OnnxRunner", "tf.service:TFRunner",
+                                                "tenants.service:TenantRunner"))  # fmt: skip
+RUNNERS = {"ONNX": ONNX, "TF": TF, "TENANT": TENANTS}
+IDS = [[101, 2129, 2079, 1045, 25141, 2026, 20786, 1029, 102]]  # TEXT by MiniLM's tokenizer
 ALONE: dict[str, tuple[str, str, dict[str, Any]]] = {
     "tokenizer": ("services.tokenizer.service:Tokenizer", "/tokenize", {"texts": [TEXT]}),
-    "onnx_runner": (
-        "runners.onnx.service:OnnxRunner",
-        "/embed",
-        {"ids": [[101, 2129, 2079, 1045, 25141, 2026, 20786, 1029, 102]]},
-    ),
+    "onnx_runner": (ONNX, "/embed", {"ids": IDS}),
 }
-RUNNERS = {
-    "ONNX": "runners.onnx.service:OnnxRunner",
-    "TF": "runners.tf.service:TFRunner",
-    "TENANT": "runners.tenants.service:TenantRunner",
-}
-
-
-def answer(body: dict[str, Any]) -> str:
-    """An answer without its timings (``*_ms``), comparable as text."""
-    return json.dumps({k: v for k, v in body.items() if not k.endswith("_ms")}, sort_keys=True)
 
 
 def alone(index: int, name: str, env: dict[str, str]) -> dict[str, Any]:
@@ -162,31 +159,18 @@ def alone(index: int, name: str, env: dict[str, str]) -> dict[str, Any]:
     server.launch()
     try:
         with httpx.Client(base_url=server.url) as client:
-            first = None
-            while first is None and time.monotonic() - launched < LIMIT_S:
-                server.descendants()  # remembered now, as in first_ready
-                if server.proc is not None and server.proc.poll() is not None:
-                    raise RuntimeError(f"{name} exited while starting:\n{server.tail()}")
-                try:
-                    resp = client.post(route, json=body, timeout=5)
-                    if resp.status_code == 200:
-                        first = resp.json()
-                        continue
-                except httpx.TransportError:
-                    pass
-                time.sleep(POLL_S)
-            answered_s = time.monotonic() - launched
-            if first is None:
-                raise TimeoutError(f"{name} did not answer within {LIMIT_S} s:\n{server.tail()}")
+            post = lambda: client.post(route, json=body, timeout=5)  # noqa: E731
+            first, answered_s = until_200(server, launched, post)
             ready_s = first_ready(client, launched, server)  # and its log has its parts
             warm = client.post(route, json=body, timeout=5).json()
-        if answer(first) != answer(warm):
+        timings = [k for k in warm if k.endswith("_ms")]
+        if {**first, **dict.fromkeys(timings)} != {**warm, **dict.fromkeys(timings)}:
             raise AssertionError(f"{name}'s first answer differs from its warm one")
-        records = [r for r in parse(server.log.read_text(errors="replace")) if r["service"] == name]
+        parts = logged(server, 0.0).get(name, {})
     finally:
         server.stop()
-    parts = {k: records[0][k] for k in ("import_s", "load_s", "warm_up_s")} if records else {}
-    return {"first_answer_s": round(answered_s, 3), "ready_s": round(ready_s, 3), **parts}
+    own: dict[str, float] = {k: parts[k] for k in ("import_s", "load_s", "warm_up_s") if k in parts}
+    return {"first_answer_s": round(answered_s, 3), "ready_s": round(ready_s, 3), **own}
 
 
 def alone_starts(name: str, starts: int, env: dict[str, str]) -> dict[str, Any]:
@@ -194,29 +178,29 @@ def alone_starts(name: str, starts: int, env: dict[str, str]) -> dict[str, Any]:
     for index in range(starts):
         runs.append(alone(index, name, env))
         print(f"{name} alone {index + 1}/{starts}: {json.dumps(runs[-1])}", flush=True)
-    median = {key: round(statistics.median(r[key] for r in runs), 3) for key in runs[0]}
-    return {"starts": runs, "median": median}
+    return {"starts": runs, "median": medians(runs)}
 
 
-def medians(starts: list[dict[str, Any]]) -> dict[str, Any]:
-    """Each figure's median over the starts (a service's parts over the starts that logged it)."""
-    top = (
-        "ready_s",
-        "first_answer_s",
-        "first_ms",
-        "steady_p50_ms",
-        "steady_p90_ms",
-        "first_over_steady",
-    )
-    out: dict[str, Any] = {k: round(statistics.median(s[k] for s in starts), 3) for k in top}
-    for part in ("services", "at_rest"):
-        out[part] = {}
-        for name in sorted({n for s in starts for n in s[part]}):
-            runs = [s[part][name] for s in starts if name in s[part]]
-            out[part][name] = {
-                key: round(statistics.median(r[key] for r in runs), 4) for key in runs[0]
-            }
+def medians(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """Each figure's median over the runs; a figure that is a dict (by service), each of its own."""
+    out: dict[str, Any] = {}
+    for key, first in runs[0].items():
+        values = [r[key] for r in runs if key in r]
+        if isinstance(first, dict):
+            names = sorted({n for v in values for n in v})
+            out[key] = {n: medians([v[n] for v in values if n in v]) for n in names}
+        else:
+            out[key] = round(statistics.median(values), 4)
     return out
+
+
+def table(
+    title: str, heads: list[str], rows: dict[str, dict[str, Any]], unit: str = ""
+) -> list[str]:
+    lines = ["", f"| {title} | " + " | ".join(heads) + " |", "|---" * (len(heads) + 1) + "|"]
+    for name, row in rows.items():
+        lines.append(f"| {name} | " + " | ".join(f"{v}{unit}" for v in row.values()) + " |")
+    return lines
 
 
 def render(result: dict[str, Any]) -> str:
@@ -227,35 +211,13 @@ def render(result: dict[str, Any]) -> str:
         f"{m['first_ms']} ms against a steady p50 of {m['steady_p50_ms']} ms, steady p90 "
         f"{m['steady_p90_ms']} ms (each start's first over its p50: median "
         f"{m['first_over_steady']}x)",
-        "",
-        "| service | process started | import | model load | warm-up | start total | ready |",
-        "|---|---|---|---|---|---|---|",
     ]
-    for name, s in m["services"].items():
-        lines.append(
-            f"| {name} | {s['started_s']} s | {s['import_s']} s | {s.get('load_s', 0)} s | "
-            f"{s.get('warm_up_s', 0)} s | {s['total_s']} s | {s['ready_s']} s |"
-        )
-    if result.get("alone"):
-        lines += [
-            "",
-            "| service alone | first correct answer | ready | import | model load | warm-up |",
-            "|---|---|---|---|---|---|",
-        ]
-        for name, found in result["alone"].items():
-            a = found["median"]
-            lines.append(
-                f"| {name} | {a['first_answer_s']} s | {a['ready_s']} s | {a.get('import_s')} s | "
-                f"{a.get('load_s')} s | {a.get('warm_up_s')} s |"
-            )
-    lines += [
-        "",
-        "| at rest | CPU (share of a core) | wake-ups per second | resident MB |",
-        "|---|---|---|---|",
-    ]
-    for name, r in m["at_rest"].items():
-        lines.append(f"| {name} | {r['cpu_share']} | {r['wakeups_per_s']} | {r['rss_mb']} |")
-    return "\n".join(lines)
+    parts = ["process started", "import", "model load", "warm-up", "start total", "ready"]
+    lines += table("service", parts, m["services"], " s")
+    alone = {name: found["median"] for name, found in result.get("alone", {}).items()}
+    lines += table("service alone", ["first correct answer", "ready", *parts[1:4]], alone, " s")
+    rest = ["CPU (share of a core)", "wake-ups per second", "resident MB"]
+    return "\n".join(lines + table("at rest", rest, m["at_rest"]))
 
 
 def run(starts: int, steady: int, idle: float, services: bool = True) -> dict[str, Any]:
@@ -273,13 +235,13 @@ def run(starts: int, steady: int, idle: float, services: bool = True) -> dict[st
         with Servers(runners) as up:
             urls = {f"BUNDLE_TOKENIZER_{kind}_URL": s.url for kind, s in up.items()}
             by_itself["tokenizer"] = alone_starts("tokenizer", starts, urls)
+    meta = {
+        "date": datetime.date.today().isoformat(),
+        "host": platform.node(),
+        "cores": os.cpu_count(),
+    }
     return {
-        "meta": {
-            "date": datetime.date.today().isoformat(),
-            "host": platform.node(),
-            "cores": os.cpu_count(),
-            "command": "python -m loadtests.cold_start " + " ".join(sys.argv[1:]),
-        },
+        "meta": {**meta, "command": "python -m loadtests.cold_start " + " ".join(sys.argv[1:])},
         "starts": runs,
         "median": medians(runs),
         "alone": by_itself,

@@ -96,7 +96,7 @@ class EncoderNotServed(ApiError):
 
 logger = logging.getLogger("bento_bundle.tokenizer")
 
-# One readiness probe's try at the warm-up requests: within the probes' own timeouts (deploy/).
+# How long a readiness probe waits for the warm-up: within the probes' own timeouts (deploy/).
 WARM_UP_TIMEOUT_S = 2.0
 HEAD_PART = 32  # texts per embedding call when a head tenant's training set is embedded
 
@@ -145,7 +145,7 @@ class Tokenizer:
             self.text = Tokenizers(self.sentencepiece.path_of("spiece.model"))
             self.models = Models(self._models())
         self.warm = False  # set once a request has been through every model's runners
-        self.warming = asyncio.Lock()  # one try at a time, whatever the probes that overlap
+        self.warming: asyncio.Task[None] | None = None  # the warm-up's try under way, or the last
         self.not_warm_because = ""
         self.tenants = TenantRunnerClient(self.tenant_runner, SETTINGS.lean_path)
         # What each tenant's current version reads, as last seen: a head tenant its encoder's
@@ -157,28 +157,33 @@ class Tokenizer:
         """Ready once one text of each model has been through each of its backends' runners, as a
         request goes: the first request would otherwise pay for what it is the first to take (the
         tokenizer's first call, the hop client and connection to each runner). Not ready until a
-        runner answers; BentoML also checks the runners' own readiness after this."""
-        if self.warm:
-            return True
-        if self.warming.locked():  # a probe's try is under way: not ready yet
-            return False
-        async with self.warming:
-            began = time.perf_counter()
-            try:
-                async with asyncio.timeout(WARM_UP_TIMEOUT_S):
-                    for model in self.models.by_name.values():
-                        for backend in model.queues:
-                            await self.embed_with(model, backend, ["warm up"])
-            except Exception as exc:  # a runner not up yet, or failing: not ready, try again
-                because = f"{type(exc).__name__}: {exc}"
-                if because != self.not_warm_because:  # said once, not at every probe
-                    logger.warning("not ready: the warm-up request failed (%s)", because)
-                    self.not_warm_because = because
-                return False
-            self.warm = True
-            self.startup.parts["warm_up_s"] = time.perf_counter() - began  # the try that worked
-            self.startup.done()
-            return True
+        runner answers; BentoML also checks the runners' own readiness after this.
+
+        The warm-up runs as a task of its own, which a probe waits for only so long: a runner
+        still starting holds its call until it is up, and a call cut short by a probe's timeout
+        would still end, and be measured, after the warm-up stopped leaving the speed alone."""
+        if not self.warm and (self.warming is None or self.warming.done()):
+            self.warming = asyncio.create_task(self._warm_up())  # again, if a try failed
+        if self.warming is not None and not self.warm:
+            await asyncio.wait({self.warming}, timeout=WARM_UP_TIMEOUT_S)
+        return self.warm
+
+    async def _warm_up(self) -> None:
+        began = time.perf_counter()
+        try:
+            for model in self.models.by_name.values():
+                for backend, coalescer in model.queues.items():
+                    with coalescer.queue.admission.unmeasured():  # speed: requests' only
+                        await self.embed_with(model, backend, ["warm up"])
+        except Exception as exc:  # a runner not up yet, or failing: not ready, tried again
+            because = f"{type(exc).__name__}: {exc}"
+            if because != self.not_warm_because:  # said once, not at every probe
+                logger.warning("not ready: the warm-up request failed (%s)", because)
+                self.not_warm_because = because
+            return
+        self.warm = True
+        self.startup.parts["warm_up_s"] = time.perf_counter() - began  # the try that worked
+        self.startup.done()
 
     def _models(self) -> dict[str, Model]:
         """Each declared model's tokenizers and, per backend, its coalescing queue."""

@@ -6,7 +6,8 @@ it would otherwise wait: the same limits, the same Retry-After arithmetic.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 from serving.errors import DeadlineExceeded, QueueFull
@@ -95,6 +96,17 @@ class Admission:
         work, time = self._averages
         self._averages = (0.8 * work + 0.2 * tokens, 0.8 * time + 0.2 * max(seconds, 1e-6))
         self.tokens_per_s = self._averages[0] / self._averages[1]
+
+    @contextmanager
+    def unmeasured(self) -> Iterator[None]:
+        """Work done inside leaves the speed estimate as it was: a warm-up's calls are a few tokens
+        each on a process just started, and measured they set the speed far below the instance's,
+        so that requests that would finish in time were refused."""
+        saved = (self.tokens_per_s, self._averages, self._window, self._last_done)
+        try:
+            yield
+        finally:
+            self.tokens_per_s, self._averages, self._window, self._last_done = saved
 
     def overlapped(self, tokens: int, began: float, ended: float) -> None:
         """``tokens`` of work done from ``began`` to ``ended`` (``clock``) by one of several calls

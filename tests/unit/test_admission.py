@@ -73,3 +73,17 @@ def test_a_speed_set_from_outside_is_the_new_seed() -> None:
     admission.tokens_per_s = 1000.0  # e.g. a test, or a caller that knows better
     admission.measured(50, WINDOW_S)  # 1,000/s: the speed set stays
     assert admission.tokens_per_s == pytest.approx(1000)
+
+
+def test_work_done_unmeasured_leaves_the_speed_as_it_was() -> None:
+    """A warm-up's call (a few tokens over a slow first call) would drag the speed far down, and
+    with it what admission lets in; unmeasured, the estimate is the one from before."""
+    admission = Admission(max_queue_tokens=10_000, deadline_s=1.0, tokens_per_s=1000)
+    admission.overlapped(100, 0.0, 0.1)  # one window at 1,000 tokens/s
+    speed, state = admission.tokens_per_s, admission._averages
+    with admission.unmeasured():
+        admission.overlapped(4, 0.1, 0.6)  # 8 tokens/s: measured, it would move the estimate
+        assert admission.tokens_per_s < speed / 2
+    assert (admission.tokens_per_s, admission._averages) == (speed, state)
+    admission.overlapped(4, 0.6, 1.1)  # outside, the same call moves it
+    assert admission.tokens_per_s < speed / 2

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from serving.startup import MARK, Startup, parse
 from testkit.processes import ROOT
@@ -83,3 +84,23 @@ def test_a_heads_only_tenant_runner_starts_without_either_runtime(tmp_path: Path
         True,
         None,
     )
+
+
+def test_the_tokenizer_carries_and_loads_neither_runtime() -> None:
+    """Its bento lists neither ONNX Runtime nor TensorFlow, and with its runners reached by URL (as
+    in its container) importing it loads neither."""
+    packages = yaml.safe_load((ROOT / "services/tokenizer/bentofile.yaml").read_text())["python"]
+    names = {p.split("=")[0].split("[")[0].lower() for p in packages["packages"]}
+    assert "tokenizers" in names and not names & {"onnxruntime", "tensorflow", "tensorflow-cpu"}
+    urls = {f"BUNDLE_TOKENIZER_{r}_URL": "http://127.0.0.1:9" for r in ("ONNX", "TF", "TENANT")}
+    code = """
+import json, sys
+import services.tokenizer.service
+print(json.dumps(sorted(m for m in ("onnxruntime", "tensorflow") if m in sys.modules)))
+"""
+    proc = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, env={**os.environ, **urls}, capture_output=True,
+        text=True, timeout=120,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert json.loads(proc.stdout.strip().splitlines()[-1]) == []
