@@ -5,8 +5,8 @@ runtime's import with it: the engines import ONNX Runtime or TensorFlow as they 
 Each service logs its parts once, as one line: ``MARK``, then JSON. A runner logs it when its
 warm-up (requests through its own batchers, a startup hook) ends, and BentoML answers its /readyz
 only after that. The tokenizer logs it when it first reports ready: once a request has been through
-each of its runners (its warm-up, which includes waiting for the slowest runner to answer). ``make cold-start`` (loadtests/cold_start.py) reads these lines from the
-server's log or the container's.
+each of its embedding runners (its warm-up, which includes waiting for the slowest to answer).
+``make cold-start`` (loadtests/cold_start.py) reads these lines from the server's log.
 """
 
 from __future__ import annotations
