@@ -124,9 +124,9 @@ serve: models ## Serve the whole graph on $(HOST):$(PORT) (Swagger UI at /)
 	$(BENTOML) serve . --host $(HOST) --port $(PORT)
 
 TOOL_PATHS := PROMTOOL=$(PROMTOOL) HAPROXY_ROOT=$(HAPROXY_ROOT)
-check: models ## The inner loop, run it while working: lint, unit tests, in-process HTTP tests (under 3 minutes)
+check: models tools ## The inner loop, run it while working: lint, unit tests, in-process HTTP tests (under 3 minutes)
 	@$(MAKE) --no-print-directory lint
-	$(PY) -m pytest tests/unit tests/http -n 2 -q
+	$(TOOL_PATHS) $(PY) -m pytest tests/unit tests/http -n 2 -q
 
 test: models tools ## Every test that needs no Docker engine: unit, in-process HTTP, integration, end to end
 	$(TOOL_PATHS) $(PY) -m pytest -n 2
