@@ -16,6 +16,7 @@ import sys
 from collections.abc import Iterator
 from dataclasses import asdict
 from pathlib import Path
+from typing import Any
 
 from loadtests import cpu, isolation, report
 from loadtests.points import (
@@ -144,6 +145,13 @@ def commit() -> str:
     return proc.stdout.strip() + ("+changes" if dirty.stdout.strip() else "")
 
 
+def record_meta(measured: str) -> dict[str, Any]:
+    """What every record says of its run: when, the code measured (``commit()``), the machine."""
+    return {"date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"), "commit": measured,
+            "machine": cpu.machine(), "cores": os.cpu_count() or 1,
+            "python": sys.version.split()[0]}  # fmt: skip
+
+
 def main(argv: list[str] | None = None) -> int:
     measured = commit()  # the code the servers start with, not what the tree holds at the end
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -193,11 +201,7 @@ def main(argv: list[str] | None = None) -> int:
         points,
         raw,
         meta={
-            "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
-            "commit": measured,
-            "machine": cpu.machine(),
-            "cores": os.cpu_count() or 1,
-            "python": sys.version.split()[0],
+            **record_meta(measured),
             "quick": QUICK,
             "seconds_per_point": args.seconds,
             "repeats": args.repeats,

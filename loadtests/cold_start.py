@@ -12,10 +12,7 @@ loadtests/results/cold-start/DATE.json (make cold-start), which loadtests/README
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
-import os
-import platform
 import statistics
 import sys
 import time
@@ -26,6 +23,7 @@ import httpx
 import numpy as np
 
 from loadtests import cpu
+from loadtests.bench import commit, record_meta
 from serving.startup import parse
 from testkit.processes import ROOT, Server, Servers, bentoml_serve, log_path
 
@@ -50,14 +48,13 @@ def at_rest(server: Server, services: list[str], seconds: float) -> dict[str, di
 
     before = {name: counts(proc.pid) for name, proc in procs.items()}
     time.sleep(seconds)
+    after = {name: counts(proc.pid) for name, proc in procs.items()}
     return {
-        name: {
-            "cpu_share": round((counts(proc.pid)[0] - before[name][0]) / seconds, 4),
-            "wakeups_per_s": round((counts(proc.pid)[1] - before[name][1]) / seconds, 1),
-            "rss_mb": round(proc.memory_info().rss / 2**20, 1),
-        }
+        name: {"cpu_share": round((after[name][0] - before[name][0]) / seconds, 4),
+               "wakeups_per_s": round((after[name][1] - before[name][1]) / seconds, 1),
+               "rss_mb": round(proc.memory_info().rss / 2**20, 1)}
         for name, proc in procs.items()
-    }
+    }  # fmt: skip
 
 
 def until_200(server: Server, launched: float, send: Callable[[], httpx.Response]) -> Any:
@@ -76,10 +73,6 @@ def until_200(server: Server, launched: float, send: Callable[[], httpx.Response
             pass
         time.sleep(POLL_S)
     raise TimeoutError(f"no answer after {LIMIT_S} s:\n{server.tail()}")
-
-
-def first_ready(client: httpx.Client, launched: float, server: Server) -> float:
-    return until_200(server, launched, lambda: client.get("/readyz", timeout=2))[1]
 
 
 def embed(client: httpx.Client) -> tuple[np.ndarray, float]:
@@ -108,7 +101,7 @@ def one_start(index: int, steady: int, idle: float) -> dict[str, Any]:
     server.launch()
     try:
         with httpx.Client(base_url=server.url) as client:
-            ready_s = first_ready(client, launched, server)
+            ready_s = until_200(server, launched, lambda: client.get("/readyz", timeout=2))[1]
             first, first_latency = embed(client)
             answered_s = time.monotonic() - launched
             latencies, vector = [], first
@@ -140,13 +133,12 @@ def one_start(index: int, steady: int, idle: float) -> dict[str, Any]:
 # A service started by itself, as its container starts it: its route polled from launch until it
 # answers. The tokenizer's runners are URLs (BentoML reads each one's schema as the tokenizer
 # starts, so they are up first, as in the compose stack); /tokenize needs none of them.
-ONNX, TF, TENANTS = (f"runners.{m}" for m in ("onnx.service:OnnxRunner", "tf.service:TFRunner",
-                                                "tenants.service:TenantRunner"))  # fmt: skip
-RUNNERS = {"ONNX": ONNX, "TF": TF, "TENANT": TENANTS}
+RUNNERS = {"ONNX": "runners.onnx.service:OnnxRunner", "TF": "runners.tf.service:TFRunner",
+           "TENANT": "runners.tenants.service:TenantRunner"}  # fmt: skip
 IDS = [[101, 2129, 2079, 1045, 25141, 2026, 20786, 1029, 102]]  # TEXT by MiniLM's tokenizer
 ALONE: dict[str, tuple[str, str, dict[str, Any]]] = {
     "tokenizer": ("services.tokenizer.service:Tokenizer", "/tokenize", {"texts": [TEXT]}),
-    "onnx_runner": (ONNX, "/embed", {"ids": IDS}),
+    "onnx_runner": (RUNNERS["ONNX"], "/embed", {"ids": IDS}),
 }
 
 
@@ -161,7 +153,8 @@ def alone(index: int, name: str, env: dict[str, str]) -> dict[str, Any]:
         with httpx.Client(base_url=server.url) as client:
             post = lambda: client.post(route, json=body, timeout=5)  # noqa: E731
             first, answered_s = until_200(server, launched, post)
-            ready_s = first_ready(client, launched, server)  # and its log has its parts
+            # Ready: its log has its parts.
+            ready_s = until_200(server, launched, lambda: client.get("/readyz", timeout=2))[1]
             warm = client.post(route, json=body, timeout=5).json()
         timings = [k for k in warm if k.endswith("_ms")]
         if {**first, **dict.fromkeys(timings)} != {**warm, **dict.fromkeys(timings)}:
@@ -173,11 +166,12 @@ def alone(index: int, name: str, env: dict[str, str]) -> dict[str, Any]:
     return {"first_answer_s": round(answered_s, 3), "ready_s": round(ready_s, 3), **own}
 
 
-def alone_starts(name: str, starts: int, env: dict[str, str]) -> dict[str, Any]:
+def repeated(label: str, starts: int, one: Callable[[int], dict[str, Any]]) -> dict[str, Any]:
+    """``one(index)`` for each start, each printed as it ends; the runs and their medians."""
     runs = []
     for index in range(starts):
-        runs.append(alone(index, name, env))
-        print(f"{name} alone {index + 1}/{starts}: {json.dumps(runs[-1])}", flush=True)
+        runs.append(one(index))
+        print(f"{label} {index + 1}/{starts}: {json.dumps(runs[-1])}", flush=True)
     return {"starts": runs, "median": medians(runs)}
 
 
@@ -194,13 +188,10 @@ def medians(runs: list[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
-def table(
-    title: str, heads: list[str], rows: dict[str, dict[str, Any]], unit: str = ""
-) -> list[str]:
+def table(title: str, heads: list[str], rows: dict[str, dict], unit: str = "") -> list[str]:
     lines = ["", f"| {title} | " + " | ".join(heads) + " |", "|---" * (len(heads) + 1) + "|"]
-    for name, row in rows.items():
-        lines.append(f"| {name} | " + " | ".join(f"{v}{unit}" for v in row.values()) + " |")
-    return lines
+    return lines + [f"| {name} | " + " | ".join(f"{v}{unit}" for v in row.values()) + " |"
+                    for name, row in rows.items()]  # fmt: skip
 
 
 def render(result: dict[str, Any]) -> str:
@@ -221,31 +212,26 @@ def render(result: dict[str, Any]) -> str:
 
 
 def run(starts: int, steady: int, idle: float, services: bool = True) -> dict[str, Any]:
-    runs = []
-    for index in range(starts):
-        runs.append(one_start(index, steady, idle))
-        print(f"start {index + 1}/{starts}: {json.dumps(runs[-1])}", flush=True)
+    measured = commit()  # the code the servers start with, not what the tree holds at the end
+    graph = repeated("start", starts, lambda index: one_start(index, steady, idle))
     by_itself: dict[str, Any] = {}
     if services:
-        by_itself["onnx_runner"] = alone_starts("onnx_runner", starts, {})
+        alone_in = lambda name, env: lambda index: alone(index, name, env)  # noqa: E731
+        by_itself["onnx_runner"] = repeated(
+            "onnx_runner alone", starts, alone_in("onnx_runner", {})
+        )
         runners = {
             kind: bentoml_serve(target, log_path(f"cold-start-runner-{kind.lower()}.log"))
             for kind, target in RUNNERS.items()
         }
         with Servers(runners) as up:
             urls = {f"BUNDLE_TOKENIZER_{kind}_URL": s.url for kind, s in up.items()}
-            by_itself["tokenizer"] = alone_starts("tokenizer", starts, urls)
-    meta = {
-        "date": datetime.date.today().isoformat(),
-        "host": platform.node(),
-        "cores": os.cpu_count(),
-    }
-    return {
-        "meta": {**meta, "command": "python -m loadtests.cold_start " + " ".join(sys.argv[1:])},
-        "starts": runs,
-        "median": medians(runs),
-        "alone": by_itself,
-    }
+            by_itself["tokenizer"] = repeated(
+                "tokenizer alone", starts, alone_in("tokenizer", urls)
+            )
+    command = "python -m loadtests.cold_start " + " ".join(sys.argv[1:])
+    meta = {**record_meta(measured), "command": command}
+    return {"meta": meta, **graph, "alone": by_itself}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -258,7 +244,7 @@ def main(argv: list[str] | None = None) -> int:
     result = run(args.starts, args.steady, args.idle)
     print(render(result))
     if args.record:
-        path = RESULTS / f"{result['meta']['date']}.json"
+        path = RESULTS / f"{result['meta']['date'][:10]}.json"
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(result, indent=1) + "\n")
         print(f"recorded in {path.relative_to(ROOT)}")

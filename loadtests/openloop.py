@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import random
-import statistics
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -15,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import httpx
+import numpy as np
 
 # The reasons admission gives when it refuses a request on arrival (serving/batching/admission.py).
 ADMISSION_REASONS = ("queue full", "cannot finish within")
@@ -129,11 +129,7 @@ class Driver:
 
 
 def quantile(values: list[float], q: float) -> float | None:
-    if not values:
-        return None
-    if len(values) == 1:
-        return values[0]
-    return statistics.quantiles(values, n=100, method="inclusive")[max(0, round(q * 100) - 1)]
+    return float(np.quantile(values, q)) if values else None
 
 
 def ms(seconds: float | None) -> float | None:

@@ -11,7 +11,6 @@ Python frames only: an extension's time is counted at the Python line that calle
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import json
 import os
 import re
@@ -21,7 +20,7 @@ from collections import Counter
 from pathlib import Path
 
 from loadtests import cpu, loadgen
-from loadtests.bench import commit
+from loadtests.bench import commit, record_meta
 from loadtests.points import MIDDLE, OUT, bodies
 from testkit.processes import BIN, ROOT, Server, adopt_orphans, bentoml_serve
 
@@ -243,15 +242,7 @@ def main(argv: list[str] | None = None) -> int:
     with bentoml_serve(".", OUT / "logs" / "profile.log") as server:
         run = profile(server, args.users, args.seconds)
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    data = {
-        "meta": {
-            "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
-            "commit": measured,
-            "machine": cpu.machine(),
-            "python": sys.version.split()[0],
-        },
-        "profile": run,
-    }
+    data = {"meta": record_meta(measured), "profile": run}
     args.out.write_text(json.dumps(data, indent=2) + "\n")
     print(markdown(data))
     written = [args.out]

@@ -32,6 +32,11 @@ RESULTS = ROOT / "loadtests" / "results"
 RESULTS_MD = RESULTS / "results.md"
 
 
+# The stack's ratios to the other systems, by the name each has in a run's ratios.
+VERSUS = {"vs_fastapi": FASTAPI, "vs_naive": NAIVE, "vs_batching_off": NOBATCH,
+          "vs_handwritten": HANDWRITTEN}  # fmt: skip
+
+
 def backend_of(system: str) -> str:
     return "int8" if system == INT8 else "fp32"
 
@@ -96,12 +101,7 @@ def ratios(rows: list[dict], raw: dict) -> list[dict]:
         if (int8 := at.get((INT8, workload, users))) is not None:
             row["int8_served_over_raw"] = round(int8 / raw["int8"]["sentences_per_s"], 4)
             row["int8_over_fp32"] = round(int8 / stack, 4) if stack else None
-        for name, system in (
-            ("vs_fastapi", FASTAPI),
-            ("vs_naive", NAIVE),
-            ("vs_batching_off", NOBATCH),
-            ("vs_handwritten", HANDWRITTEN),
-        ):
+        for name, system in VERSUS.items():
             other = at.get((system, workload, users))
             row[name] = round(stack / other, 4) if other else None
         out.append(row)
@@ -149,13 +149,9 @@ def above_raw(results: dict) -> list[str]:
 
 
 def _cpu_cell(row: dict) -> str:
-    cpu = row["cpu_ms_per_request"]
-    parts = [
-        f"{name} {v['main_ms']:.2f}+{v['other_threads_ms']:.2f}"
-        for name, v in cpu.items()
-        if v["total_ms"] >= 0.005
-    ]
-    return "; ".join(parts)
+    cpu = row["cpu_ms_per_request"].items()
+    return "; ".join(f"{name} {v['main_ms']:.2f}+{v['other_threads_ms']:.2f}"
+                     for name, v in cpu if v["total_ms"] >= 0.005)  # fmt: skip
 
 
 def _engine_and_serving(cpu: dict[str, dict[str, float]]) -> tuple[float, float]:
