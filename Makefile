@@ -171,9 +171,9 @@ test-containers: models ## The compose stack from real images: smoke, Locust, a 
 	  PATH=$(DOCKER_PATH) IMAGE_TAG=$(IMAGE_TAG) $(PY) -m pytest tests/containers -p no:cacheprovider \
 	  || status=$$?; $(ENGINE) stop; exit $$status
 
-test-swarm: models ## The same stack on a one-node Docker Swarm: smoke, replicas killed, a rolling update; leaves nothing
+test-swarm: models ## The same stack on a one-node Docker Swarm: smoke, replicas killed, a rolling update, a runner scaled from zero; leaves nothing
 	@status=0; $(ENGINE) start && $(BASE_IMAGE_CMD) && $(IMAGES_CMD) && \
-	  PATH=$(DOCKER_PATH) IMAGE_TAG=$(IMAGE_TAG) $(PY) -m pytest tests/swarm -p no:cacheprovider \
+	  PATH=$(DOCKER_PATH) IMAGE_TAG=$(IMAGE_TAG) $(PY) -m pytest tests/swarm -p no:cacheprovider -rP \
 	  || status=$$?; $(ENGINE) stop; exit $$status
 
 lint: install ## ruff lint and format check, types (mypy), the import layers, no code repeated across the serving packages

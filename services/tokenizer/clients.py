@@ -47,6 +47,16 @@ class RunnerUnavailable(Overloaded):
         super().__init__(503, 1, f"{runner} is unavailable ({why}); retry shortly")
 
 
+class NoReplica(RunnerUnavailable):
+    """The call never reached a replica: none is up (the proxy's ``no_replica`` answer), or none
+    takes connections. Sending it again is safe; services/tokenizer/replica_wait.py waits for one."""
+
+
+def _no_replica(body: dict[str, Any]) -> bool:
+    # The proxy's own 503 when a runner service has no replica up (deploy/proxy/haproxy.cfg).
+    return body.get("no_replica") is True
+
+
 def _as(model: type[Model], result: Any) -> Model:
     if type(result) is model:
         return result
@@ -72,14 +82,19 @@ async def _call(runner: str, send: Callable[[], Awaitable[Any]]) -> Any:
     for attempt in (1, 2):
         try:
             return await send()
-        except (aiohttp.ClientConnectionError, ConnectionError, TimeoutError) as exc:
+        except TimeoutError as exc:  # first: aiohttp's read timeout is a connection error too
             if attempt == 2:
                 raise RunnerUnavailable(runner, type(exc).__name__) from exc
+        except (aiohttp.ClientConnectionError, ConnectionError) as exc:
+            if attempt == 2:
+                raise NoReplica(runner, type(exc).__name__) from exc
         except BentoMLException as exc:
             status, body = int(exc.error_code), _body(str(exc))
             reason = str(body.get("error", str(exc)[:200]))
             if body.get("detail"):  # a validation error: the fields and reasons, not the summary
                 reason = f"{reason}: {body['detail']}"
+            if status == 503 and _no_replica(body):
+                raise NoReplica(runner, reason) from exc
             if status in (429, 503):
                 retry_after = float(body.get("retry_after", 1))
                 raise Overloaded(status, retry_after, f"{runner}: {reason}") from exc

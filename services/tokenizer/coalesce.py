@@ -24,13 +24,16 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 
 from serving.batching import Pending, TokenQueue, deliver, fail
 from serving.batching.queue import clock
 from serving.protocol import MAX_SEQUENCES
+
+if TYPE_CHECKING:  # the gate's module imports the clients, which import Embedded from here
+    from services.tokenizer.replica_wait import ReplicaWait
 
 # How far from done the calls in flight are expected to be, as a share of the last call's expected
 # time, when a call beyond the first goes out. The runner's lanes run out of work some way before a
@@ -66,13 +69,21 @@ class EmbeddingClient(Protocol):
 
 class Coalescer:
     def __init__(
-        self, client: EmbeddingClient, queue: TokenQueue, *, max_inflight: int, max_tokens: int
+        self,
+        client: EmbeddingClient,
+        queue: TokenQueue,
+        *,
+        max_inflight: int,
+        max_tokens: int,
+        replicas: ReplicaWait | None = None,
     ) -> None:
         """``max_inflight``: calls out at once, a call beyond the first sent when those out are
         near their expected end (``OVERLAP_SHARE``), so the runner has work queued when it
-        finishes them; ``max_tokens`` caps one call (a single larger request still goes, alone)."""
+        finishes them; ``max_tokens`` caps one call (a single larger request still goes, alone);
+        ``replicas``: where requests wait while the runner has no replica up (None: refused)."""
         self.client = client
         self.queue = queue
+        self.replicas = replicas
         self.max_inflight = max_inflight
         self.max_tokens = max_tokens
         self._inflight = 0
@@ -85,6 +96,11 @@ class Coalescer:
     async def embed(self, ids: list[list[int]], segments: list[int] | None = None) -> Embedded:
         """``ids``' rows from the runner, in order (``segments``: for pairs, where each second
         text starts)."""
+        if self.replicas is None:
+            return await self._embed(ids, segments)
+        return await self.replicas.call(lambda: self._embed(ids, segments))
+
+    async def _embed(self, ids: list[list[int]], segments: list[int] | None) -> Embedded:
         pending = self.queue.put(ids, segments=segments)  # raises QueueFull / DeadlineExceeded
         self._flush()
         rows = await pending.future

@@ -26,6 +26,7 @@ from services.tokenizer.models import Model, Models
 from services.tokenizer.openai_api import EMBEDDINGS_PATH, openai_app
 from services.tokenizer.openai_api import MOUNT as OPENAI_MOUNT
 from services.tokenizer.openapi import refine
+from services.tokenizer.replica_wait import ReplicaWait
 from services.tokenizer.schemas import (
     MAX_INTENTS,
     ClassifyRequest,
@@ -119,6 +120,8 @@ def coalescer(label: str, client: EmbeddingClient, settings: TokenizerSettings) 
         TokenQueue(admission),
         max_inflight=settings.runner_inflight,
         max_tokens=settings.runner_call_tokens,
+        # Each model and backend may be its own runner service (one container per model).
+        replicas=ReplicaWait(label, settings.replica_wait_s, settings.replica_waiters),
     )
 
 

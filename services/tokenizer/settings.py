@@ -2,7 +2,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pydantic import Field
+from pydantic import Field, model_validator
 from pydantic_settings import SettingsConfigDict
 
 from serving import contracts
@@ -59,6 +59,19 @@ class TokenizerSettings(ServiceSettings):
         ge=1,
         description="Real tokens merged into one runner call (a larger lone request still goes, alone).",
     )
+    replica_wait_s: float = Field(
+        20.0,
+        ge=0,
+        description="How long a request waits for a runner that has no replica up (scaled to zero, "
+        "or every replica restarting) before it gets 503 with Retry-After; its deadline_s starts "
+        "once it is sent. 0: refused at once. replica_wait_s + deadline_s must fit in timeout_s.",
+    )
+    replica_waiters: int = Field(
+        1024,
+        ge=1,
+        description="Requests that may wait for a replica at once, per model and backend; more get "
+        "503 with Retry-After at once.",
+    )
     sentencepiece_model: str = Field(
         f"{contracts.SENTENCEPIECE}:latest",
         description="The tenants' SentencePiece model (model store tag): whole-model tenants read "
@@ -93,6 +106,17 @@ class TokenizerSettings(ServiceSettings):
         description="Serve the tenant registry (/tenants/train, upload, list, show, delete) on this public "
         "service. Set false in production to keep them off the public port: the endpoints then do not exist.",
     )
+
+    @model_validator(mode="after")
+    def _waits_fit(self) -> TokenizerSettings:
+        # BentoML ends a request at timeout_s: one that waited for a replica the whole time must
+        # still have its deadline after it.
+        if self.replica_wait_s + self.deadline_s > self.timeout_s:
+            raise ValueError(
+                f"replica_wait_s ({self.replica_wait_s:g}) + deadline_s ({self.deadline_s:g}) "
+                f"exceed timeout_s ({self.timeout_s:g}): raise timeout_s or lower the others"
+            )
+        return self
 
 
 SETTINGS = TokenizerSettings()

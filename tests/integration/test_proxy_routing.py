@@ -159,7 +159,7 @@ def test_the_proxy_logs_a_failed_request_and_not_a_served_one(
     tmp_path: Path, path: Path, resolvers: str
 ) -> None:
     """Each proxy config's own global, resolvers and defaults sections: a request no replica
-    answers (503) is logged with HAProxy's termination state, a served one is not. HAProxy logs
+    answers (503, marked ``no_replica``) is logged with HAProxy's termination state, a served one is not. HAProxy logs
     requests at "info", errors included, and the log line keeps "notice" and above: errors are
     raised to "err" (log-separate-errors); without it this test finds no line at all."""
     cfg = path.read_text()
@@ -191,6 +191,8 @@ def test_the_proxy_logs_a_failed_request_and_not_a_served_one(
                 time.sleep(0.1)
         failed = httpx.get(f"{url}/unanswered", timeout=10)
         assert (served.status_code, failed.status_code) == (200, 503)
+        # Marked, for the tokenizer to wait for a replica (services/tokenizer/replica_wait.py).
+        assert failed.json()["no_replica"] is True and failed.headers["retry-after"] == "1"
         deadline = time.monotonic() + 5
         while "/unanswered" not in log.read_text() and time.monotonic() < deadline:
             time.sleep(0.1)

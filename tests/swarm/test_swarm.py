@@ -15,6 +15,7 @@ test-swarm` provides both and stops the engine it started).
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import os
 import re
@@ -29,6 +30,7 @@ import numpy as np
 import pytest
 
 from models import demo_tenants as demo
+from serving.startup import parse
 from testkit.haproxy_ring import Ring
 from testkit.processes import ROOT
 
@@ -70,6 +72,41 @@ ref["intents"] = http.post("/classify", json={"tenant": spec["tenant"], "texts":
 ref["scores"] = http.post("/similarity", json={"pairs": [spec["pair"]]}).json()["scores"]
 print(json.dumps({"reference": ref, "ready_s": ready_s}))
 """
+
+# Sends REQUESTS /embed requests at once once the proxy has no ONNX runner replica up (its
+# /healthz, :8404, answers 503 while a runner backend has none), prints "waiting", then waits for
+# every answer: each one's status, the wall-clock times it was sent and answered (a container shares
+# the host's clock), and whether it equals the reference.
+WAITERS = """
+import json, sys, time
+from concurrent.futures import ThreadPoolExecutor
+import httpx
+spec = json.loads(sys.argv[1])
+deadline = time.monotonic() + 60
+while httpx.get("http://proxy:8404/healthz", timeout=5).status_code != 503:
+    assert time.monotonic() < deadline, "the proxy still has a runner replica up"
+    time.sleep(0.5)
+def one(i):
+    with httpx.Client(base_url=spec["url"], timeout=120) as http:
+        sent = time.time()
+        reply = http.post("/embed", json={"texts": spec["texts"]})
+        answered = time.time()
+    right = reply.status_code == 200 and all(
+        abs(a - b) < 1e-4 for got, want in zip(reply.json()["embeddings"], spec["embeddings"])
+        for a, b in zip(got, want))
+    return {"status": reply.status_code, "sent": sent, "answered": answered, "right": right,
+            "body": "" if right else reply.text[:300]}
+with ThreadPoolExecutor(spec["requests"]) as pool:
+    futures = [pool.submit(one, i) for i in range(spec["requests"])]
+    time.sleep(1)
+    print("waiting", flush=True)
+    print(json.dumps([f.result() for f in futures]))
+"""
+REQUESTS = 16  # requests waiting while the ONNX runner has no replica
+# From the new replica ready (its own bundle-startup line) to every waiting request answered: the
+# proxy resolving its name (1 s) and checking it up (2 checks 2 s apart), the tokenizer's next try
+# (0.5 s apart), the call itself, a loaded host.
+READY_TO_ANSWERED_S = 10.0
 
 
 def docker(
@@ -383,3 +420,47 @@ def test_rolling_update_of_the_tokenizer_under_load_fails_nothing(swarm: Swarm) 
     assert spec.startswith(new), spec
     after = set(swarm.containers("tokenizer"))
     assert len(after) == 2 and not before & after  # both replicas replaced
+
+
+def test_requests_to_a_runner_scaled_to_zero_wait_and_are_answered_once_it_is_up(
+    swarm: Swarm,
+) -> None:
+    """The ONNX runner scaled to 0, requests sent, then scaled to 1: none refused, every answer
+    right, each within the new replica's cold start (measured here: the scale-up to the ready its
+    log records) plus READY_TO_ANSWERED_S (services/tokenizer/replica_wait.py holds them). The
+    runner is scaled back to 2 after."""
+    service = f"{swarm.stack}_onnx-runner"
+    try:
+        docker("service", "scale", "--detach=false", f"{service}=0", timeout=180)
+        cid = swarm.start_client(
+            WAITERS,
+            {"url": "http://proxy:8080", "requests": REQUESTS, "texts": PAIR,
+             "embeddings": swarm.reference["embeddings"]},
+        )  # fmt: skip
+        deadline = time.monotonic() + 90
+        while "waiting" not in docker("logs", cid):
+            assert time.monotonic() < deadline, docker("logs", cid)
+            time.sleep(0.5)
+        time.sleep(2)  # the requests wait on: none is refused while no replica is up
+        scaled = time.time()
+        docker("service", "scale", "--detach=true", f"{service}=1")
+        answers = swarm.finish_client(cid, timeout=300)
+        (replica,) = swarm.containers("onnx-runner")
+        started = docker("inspect", "--format", "{{.State.StartedAt}}", replica)
+        (ready,) = [r for r in parse(docker("logs", replica)) if r["service"] == "onnx_runner"]
+    finally:
+        docker("service", "scale", "--detach=false", f"{service}=2", timeout=300)
+    assert [a["status"] for a in answers] == [200] * REQUESTS, answers
+    assert all(a["right"] for a in answers), answers
+    assert all(a["sent"] < scaled for a in answers)  # each sent while no replica was up
+    container_s = dt.datetime.fromisoformat(started).timestamp() - scaled
+    ready_s = ready["ready_at"] - scaled
+    after = [a["answered"] - scaled for a in answers]
+    print(
+        f"after the scale-up: container started {container_s:.1f} s, runner ready {ready_s:.1f} s "
+        f"(import {ready['import_s']:.1f}, load {ready['load_s']:.1f}, warm-up "
+        f"{ready['warm_up_s']:.1f} s), requests answered {min(after):.1f}-{max(after):.1f} s; "
+        f"each waited {min(a['answered'] - a['sent'] for a in answers):.1f}-"
+        f"{max(a['answered'] - a['sent'] for a in answers):.1f} s"
+    )
+    assert max(after) <= ready_s + READY_TO_ANSWERED_S, (after, ready_s)

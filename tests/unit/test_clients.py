@@ -4,6 +4,7 @@ in the same graph hands back the models themselves, a runner reached by URL hand
 from __future__ import annotations
 
 import asyncio
+import re
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -17,6 +18,7 @@ import pytest
 from bentoml.exceptions import BentoMLException
 
 from services.tokenizer.clients import (
+    NoReplica,
     OnnxRunnerClient,
     RunnerUnavailable,
     TenantRunnerClient,
@@ -24,6 +26,7 @@ from services.tokenizer.clients import (
 )
 from serving.errors import ApiError, Overloaded
 from serving.protocol import Classified, Deleted, EmbedResult, Registered, TenantInfo
+from testkit.processes import ROOT
 from tests.unit.live_server import serving
 
 CLASSIFIED = Classified(intents=["greeting"], scores=[0.9], version="v1", cache="hit")
@@ -47,7 +50,9 @@ class FakeProxy:
         self.fail = fail or []
         self.calls: list[tuple[str, dict[str, Any]]] = []
         self.headers: list[dict[str, str]] = []
-        self.endpoints = {api: api for api in ("classify", "train", "upload", "show", "delete")}
+        self.endpoints = {
+            api: api for api in ("embed", "classify", "train", "upload", "show", "delete")
+        }
 
     async def _call(
         self, endpoint: str, args: tuple, kwargs: dict[str, Any], *, headers: dict[str, str]
@@ -259,6 +264,29 @@ def test_overload_and_caller_errors_pass_through_with_their_status() -> None:
     assert isinstance(shed, Overloaded) and shed.status == 429 and shed.retry_after == 3
     unknown = asyncio.run(outcome(failing(404, '{"error": "unknown tenant \'acme\'"}')))
     assert unknown.status == 404 and unknown.message == "unknown tenant 'acme'"
+
+
+def test_the_proxys_no_replica_answer_and_a_refused_connection_mean_no_replica() -> None:
+    """The proxy's own 503 (its body as deploy/proxy/haproxy.cfg writes it) and a runner that
+    cannot be reached are NoReplica, which the tokenizer waits out; a runner's own 503 (shedding)
+    is passed on as it is."""
+    cfg = (ROOT / "deploy" / "proxy" / "haproxy.cfg").read_text()
+    proxys = re.search(r"http-error status 503 .* string '(.+)'", cfg)
+    assert proxys is not None
+    down = BentoMLException(proxys[1], error_code=HTTPStatus(503))
+    refused = aiohttp.ClientConnectorError(None, OSError(111, "refused"))  # type: ignore[arg-type]
+    shedding = BentoMLException('{"error": "cannot finish in time", "retry_after": 2}',
+                                error_code=HTTPStatus(503))  # fmt: skip
+
+    async def outcome(fail: list[Exception]) -> BaseException:
+        with pytest.raises(ApiError) as info:
+            await OnnxRunnerClient(FakeProxy(True, fail), "m", "fp32").embed([[101, 102]], 2.0)
+        return info.value
+
+    assert type(asyncio.run(outcome([down]))) is NoReplica
+    assert type(asyncio.run(outcome([refused, refused]))) is NoReplica
+    shed = asyncio.run(outcome([shedding]))
+    assert type(shed) is Overloaded and shed.retry_after == 2
 
 
 def test_a_dead_connection_is_retried_once_then_reported_as_503() -> None:

@@ -387,6 +387,18 @@ def test_scale_to_zero_hands_each_embedding_runner_to_keda() -> None:
         assert f"http-request set-header Host {name}" in config
     proxy = by_kind["Deployment"]["proxy"]["spec"]["template"]["spec"]["containers"][0]
     assert [e["name"] for e in proxy["env"]] == ["BUNDLE_PROXY_KEDA_INTERCEPTOR"]
+    # The tokenizer's readiness does not probe the runners (a probe through the interceptor is
+    # traffic: it would keep each runner up, and a runner at zero would leave no tokenizer ready
+    # to take the request that scales it up); a request outlasts the interceptor's longest hold.
+    tokenizer = by_kind["Deployment"]["tokenizer"]["spec"]["template"]["spec"]["containers"][0]
+    assert tokenizer["readinessProbe"]["httpGet"]["path"] == "/livez"
+    env = {e["name"]: e["value"] for e in tokenizer["env"]}
+    hold = max(
+        float(r["spec"]["timeouts"][k].rstrip("s"))
+        for r in scaled.values()
+        for k in ("conditionWait", "responseHeader")
+    )
+    assert float(env["BUNDLE_TOKENIZER_TIMEOUT_S"]) > hold + 10  # + the request's deadline
     # KEDA's interceptor, in its own namespace, may reach the runners it forwards to.
     policy = by_kind["NetworkPolicy"]["runners-from-keda-interceptor"]["spec"]
     assert policy["ingress"][0]["from"][0]["namespaceSelector"]["matchLabels"] == {

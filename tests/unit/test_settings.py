@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import pytest
+import yaml
 from pydantic import ValidationError
 
 from runners.onnx.settings import OnnxRunnerSettings
@@ -9,6 +10,7 @@ from services.tokenizer.settings import TokenizerSettings
 from serving.catalogue import ModelSpec
 from serving.contracts import ContractError, check_contract
 from serving.settings import available_cores
+from testkit.processes import ROOT
 
 
 def test_each_service_reads_its_own_env_prefix(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -57,6 +59,25 @@ def test_invalid_values_are_refused_with_the_field_named() -> None:
         OnnxRunnerSettings(max_batch_tokens=0)
     with pytest.raises(ValidationError, match="deadline_s"):
         OnnxRunnerSettings(deadline_s=-1)
+
+
+def test_a_wait_for_a_replica_must_leave_the_deadline_inside_the_request_timeout(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """BentoML ends a request at timeout_s: one that waited the whole replica wait still needs
+    its deadline after it."""
+    for name in ("REPLICA_WAIT_S", "DEADLINE_S", "TIMEOUT_S"):
+        monkeypatch.delenv(f"BUNDLE_TOKENIZER_{name}", raising=False)
+    defaults = TokenizerSettings()
+    assert defaults.replica_wait_s + defaults.deadline_s <= defaults.timeout_s
+    assert TokenizerSettings(replica_wait_s=45, timeout_s=60).replica_wait_s == 45
+    with pytest.raises(ValidationError, match=r"replica_wait_s \(25\) \+ deadline_s \(10\)"):
+        TokenizerSettings(replica_wait_s=25)
+    compose = yaml.safe_load((ROOT / "deploy" / "compose" / "docker-compose.yml").read_text())
+    for name, value in compose["services"]["tokenizer"]["environment"].items():
+        if name.endswith(("_WAIT_S", "_TIMEOUT_S", "_DEADLINE_S")):
+            monkeypatch.setenv(name, str(value))
+    assert TokenizerSettings().replica_wait_s > defaults.replica_wait_s  # the compose stack's
 
 
 def test_runner_service_config_never_recycles_the_callers_connections() -> None:
