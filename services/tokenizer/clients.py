@@ -18,7 +18,7 @@ import pickle
 from collections.abc import Awaitable, Callable, Mapping
 from http import HTTPStatus
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import aiohttp
 import numpy as np
@@ -27,7 +27,7 @@ from bentoml.exceptions import BentoMLException
 from pydantic import BaseModel
 
 from services.tokenizer.coalesce import Embedded
-from services.tokenizer.hop import HopClient, hop_for
+from services.tokenizer.hop import HopClient, Unreachable, hop_for
 from serving import internals
 from serving.errors import ApiError, Overloaded
 from serving.protocol import (
@@ -39,6 +39,9 @@ from serving.protocol import (
     Variant,
 )
 
+if TYPE_CHECKING:  # the gate's module imports this one
+    from services.tokenizer.replica_wait import ReplicaWait
+
 Model = TypeVar("Model", bound=BaseModel)
 
 
@@ -48,8 +51,9 @@ class RunnerUnavailable(Overloaded):
 
 
 class NoReplica(RunnerUnavailable):
-    """The call never reached a replica: none is up (the proxy's ``no_replica`` answer), or none
-    takes connections. Sending it again is safe; services/tokenizer/replica_wait.py waits for one."""
+    """The call never reached a replica: none is up (the proxy's ``no_replica`` answer), or no
+    connection to the runner opens. Sending it again is safe; services/tokenizer/replica_wait.py
+    waits for one."""
 
 
 def _no_replica(body: dict[str, Any]) -> bool:
@@ -85,9 +89,12 @@ async def _call(runner: str, send: Callable[[], Awaitable[Any]]) -> Any:
         except TimeoutError as exc:  # first: aiohttp's read timeout is a connection error too
             if attempt == 2:
                 raise RunnerUnavailable(runner, type(exc).__name__) from exc
-        except (aiohttp.ClientConnectionError, ConnectionError) as exc:
+        except (Unreachable, aiohttp.ClientConnectorError) as exc:  # no connection opened
             if attempt == 2:
                 raise NoReplica(runner, type(exc).__name__) from exc
+        except (aiohttp.ClientConnectionError, ConnectionError) as exc:  # one dropped
+            if attempt == 2:
+                raise RunnerUnavailable(runner, type(exc).__name__) from exc
         except BentoMLException as exc:
             status, body = int(exc.error_code), _body(str(exc))
             reason = str(body.get("error", str(exc)[:200]))
@@ -235,9 +242,12 @@ class TenantRunnerClient:
 
     name = "tenant_runner"
 
-    def __init__(self, proxy: Any, mode: str = "auto") -> None:
+    def __init__(self, proxy: Any, mode: str = "auto", replicas: ReplicaWait | None = None) -> None:
+        """``replicas``: where classify calls wait while the runner has no replica up (None:
+        refused). The registry's calls (rare, writes) are refused at once."""
         self.proxy = proxy.to_async
         self.hot = HotCalls(self.proxy, mode)
+        self.replicas = replicas
 
     def _for(self, tenant: str, api: str, **kwargs: Any) -> Callable[[], Awaitable[Any]]:
         # The registry's calls, with BentoML's client and the tenant header
@@ -264,9 +274,9 @@ class TenantRunnerClient:
             body["vectors"] = vectors.tolist()
             body["encoder"] = encoder
         headers = {TENANT_HEADER: tenant}
-        return _as(
-            Classified, await _call(self.name, lambda: self.hot.post("classify", body, headers))
-        )
+        send = lambda: _call(self.name, lambda: self.hot.post("classify", body, headers))  # noqa: E731
+        answer = await (send() if self.replicas is None else self.replicas.call(send))
+        return _as(Classified, answer)
 
     async def train(
         self,

@@ -34,6 +34,11 @@ import httptools
 from serving import internals
 
 
+class Unreachable(ConnectionError):
+    """No connection could be opened: nothing listens there, or the name does not resolve (a
+    runner service with no replica, reached without a proxy). The call never left."""
+
+
 @dataclass(frozen=True)
 class Reply:
     status: int
@@ -126,7 +131,8 @@ class HopClient:
     Each call takes an idle connection or opens one, and gives it back when the answer is read
     whole; a call that fails, times out or is cancelled closes its connection (an answer may still
     be on its way). A connection retires after ``max_requests`` calls or ``max_age`` seconds, once
-    idle. Errors: ``ConnectionError`` when the runner cannot be reached or drops the connection,
+    idle. Errors: ``Unreachable`` when no connection opens, ``ConnectionError`` when the runner drops
+    one,
     ``TimeoutError`` after ``timeout`` seconds, waiting for a free connection and connecting
     included (as aiohttp's total timeout).
     """
@@ -194,9 +200,9 @@ class HopClient:
                 _, connection = await loop.create_unix_connection(_Connection, self.unix_path)
             else:
                 _, connection = await loop.create_connection(_Connection, self.host, self.port)
-        except OSError as exc:  # refused, no such socket, unreachable host
+        except OSError as exc:  # refused, no such socket, unreachable host, a name unresolved
             where = self.unix_path or f"{self.host}:{self.port}"
-            raise ConnectionError(f"cannot reach the runner at {where}: {exc}") from exc
+            raise Unreachable(f"cannot reach the runner at {where}: {exc}") from exc
         self.opened += 1
         return connection
 

@@ -12,9 +12,11 @@ HAProxy alone can only answer 503 when no server is up; holding requests there w
 
 How: the first call that finds no replica closes the gate. While it is closed, requests wait, at
 most ``max_waiting`` of them (more get 503 at once) and each at most ``wait_s`` (then 503). One
-waiter at a time tries its call again every ``retry_s``; the first that is answered opens the gate,
-and every waiter goes through. A request that waited starts its deadline again when it is sent:
-the wait is the runner's start, not the request's work.
+waiter at a time tries its call again, at most every ``retry_s``; the first call answered opens
+the gate, and every waiter goes through. A request that waited starts its deadline again when it
+is sent: the wait is the runner's start, not the request's work. Once through, the waiters meet
+admission as any burst does (a burst beyond the queue's bound gets 429). The bounds hold per
+gate, in each worker process.
 """
 
 from __future__ import annotations
@@ -39,11 +41,12 @@ class ReplicaWait:
         self.runner = runner
         self.wait_s, self.max_waiting, self.retry_s = wait_s, max_waiting, retry_s
         self.waiting = 0  # requests waiting now
-        self.waited = 0  # requests that waited, since the gate last closed
-        # While closed: a future that the first answer sets (made in the loop that closed it).
+        self.waited = 0  # requests that waited since the gate last closed
+        # While closed: a future the first answer sets. While a waiter tries its call: a future
+        # set when it stops, answered or not. Made in the loop that uses the gate.
         self._opened: asyncio.Future[None] | None = None
-        self._trying = False  # a waiter is trying its call again
-        self._closed_at = 0.0
+        self._trying: asyncio.Future[None] | None = None
+        self._closed_at = self._last_try = 0.0
 
     @property
     def up(self) -> bool:
@@ -72,34 +75,40 @@ class ReplicaWait:
             left = until - time.monotonic()
             if left <= 0:
                 raise NoReplica(self.runner, f"none came up within {self.wait_s:g} s")
-            if self._opened is not None and self._trying:  # another waiter tries: wait for it
+            if self._opened is None:  # open: go, like any request
                 try:
-                    await asyncio.wait_for(asyncio.shield(self._opened), min(left, self.retry_s))
-                except TimeoutError:
-                    continue  # still closed: perhaps the one trying gave up, and this one tries
-            if not self.up:
-                self._trying = True
-                try:
-                    await asyncio.sleep(min(left, self.retry_s))
-                    result = await send()
+                    return await send()
                 except NoReplica:
+                    self._close()  # gone again: wait on
                     continue
-                except Exception:  # answered, if with an error: a replica is up
-                    self._open()
-                    raise
-                finally:
-                    self._trying = False
-                self._open()
-                return result
+            if self._trying is not None:  # another waiter tries: until it opens the gate or stops
+                wake = {self._opened, self._trying}
+                await asyncio.wait(wake, timeout=left, return_when=asyncio.FIRST_COMPLETED)
+                continue
+            self._trying = asyncio.get_running_loop().create_future()
             try:
-                return await send()
+                pause = self._last_try + self.retry_s - time.monotonic()
+                if pause >= left:
+                    await asyncio.sleep(left)
+                    continue
+                if pause > 0:
+                    await asyncio.sleep(pause)
+                self._last_try = time.monotonic()
+                result = await send()
             except NoReplica:
-                self._close()  # it went again (or was never up for this call): wait on
+                continue
+            finally:
+                self._trying.set_result(None)
+                self._trying = None
+            # Only an answer opens the gate: an error may be this side's (its queue) or a runner
+            # that is not up after all (a timeout); the next waiter tries again.
+            self._open()
+            return result
 
     def _close(self) -> None:
         if self._opened is None:
             self._opened = asyncio.get_running_loop().create_future()
-            self._closed_at = time.monotonic()
+            self._closed_at = self._last_try = time.monotonic()
             self.waited = 0
             logger.warning(
                 "%s has no replica up: requests wait for one, up to %g s each",

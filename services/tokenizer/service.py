@@ -150,7 +150,11 @@ class Tokenizer:
         self.warm = False  # set once a request has been through every model's runners
         self.warming: asyncio.Task[None] | None = None  # the warm-up's try under way, or the last
         self.not_warm_because = ""
-        self.tenants = TenantRunnerClient(self.tenant_runner, SETTINGS.lean_path)
+        self.tenants = TenantRunnerClient(
+            self.tenant_runner,
+            SETTINGS.lean_path,
+            ReplicaWait("tenant_runner", SETTINGS.replica_wait_s, SETTINGS.replica_waiters),
+        )
         # What each tenant's current version reads, as last seen: a head tenant its encoder's
         # vectors, a whole-model tenant SentencePiece ids (asked of the runner when unknown).
         self.tenant_reads: dict[str, TenantReads] = {}

@@ -60,17 +60,18 @@ class TokenizerSettings(ServiceSettings):
         description="Real tokens merged into one runner call (a larger lone request still goes, alone).",
     )
     replica_wait_s: float = Field(
-        20.0,
+        15.0,
         ge=0,
         description="How long a request waits for a runner that has no replica up (scaled to zero, "
         "or every replica restarting) before it gets 503 with Retry-After; its deadline_s starts "
-        "once it is sent. 0: refused at once. replica_wait_s + deadline_s must fit in timeout_s.",
+        "once it is sent. 0: refused at once. replica_wait_s + deadline_s must stay under "
+        "timeout_s. Embedding and classify calls wait; the tenant registry's are refused at once.",
     )
     replica_waiters: int = Field(
         1024,
         ge=1,
-        description="Requests that may wait for a replica at once, per model and backend; more get "
-        "503 with Retry-After at once.",
+        description="Requests that may wait for a replica at once, per model and backend (and for "
+        "the tenant runner), in each worker; more get 503 with Retry-After at once.",
     )
     sentencepiece_model: str = Field(
         f"{contracts.SENTENCEPIECE}:latest",
@@ -110,11 +111,12 @@ class TokenizerSettings(ServiceSettings):
     @model_validator(mode="after")
     def _waits_fit(self) -> TokenizerSettings:
         # BentoML ends a request at timeout_s: one that waited for a replica the whole time must
-        # still have its deadline after it.
-        if self.replica_wait_s + self.deadline_s > self.timeout_s:
+        # still have its deadline after it, and its tokenizing before.
+        if self.replica_wait_s + self.deadline_s >= self.timeout_s:
             raise ValueError(
                 f"replica_wait_s ({self.replica_wait_s:g}) + deadline_s ({self.deadline_s:g}) "
-                f"exceed timeout_s ({self.timeout_s:g}): raise timeout_s or lower the others"
+                f"must stay under timeout_s ({self.timeout_s:g}): raise timeout_s or lower the "
+                "others"
             )
         return self
 

@@ -267,9 +267,9 @@ def test_overload_and_caller_errors_pass_through_with_their_status() -> None:
 
 
 def test_the_proxys_no_replica_answer_and_a_refused_connection_mean_no_replica() -> None:
-    """The proxy's own 503 (its body as deploy/proxy/haproxy.cfg writes it) and a runner that
-    cannot be reached are NoReplica, which the tokenizer waits out; a runner's own 503 (shedding)
-    is passed on as it is."""
+    """The proxy's own 503 (its body as deploy/proxy/haproxy.cfg writes it) and a runner no
+    connection opens to are NoReplica, which the tokenizer waits out; a dropped connection and a
+    runner's own 503 (shedding) are passed on as they are."""
     cfg = (ROOT / "deploy" / "proxy" / "haproxy.cfg").read_text()
     proxys = re.search(r"http-error status 503 .* string '(.+)'", cfg)
     assert proxys is not None
@@ -285,6 +285,9 @@ def test_the_proxys_no_replica_answer_and_a_refused_connection_mean_no_replica()
 
     assert type(asyncio.run(outcome([down]))) is NoReplica
     assert type(asyncio.run(outcome([refused, refused]))) is NoReplica
+    # A connection dropped mid-call reached a replica: not waited for (it may be the call itself).
+    dropped = [aiohttp.ServerDisconnectedError(), aiohttp.ServerDisconnectedError()]
+    assert type(asyncio.run(outcome(dropped))) is RunnerUnavailable
     shed = asyncio.run(outcome([shedding]))
     assert type(shed) is Overloaded and shed.retry_after == 2
 

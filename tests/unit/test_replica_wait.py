@@ -91,25 +91,60 @@ def test_with_no_wait_the_first_refusal_is_passed_on() -> None:
     assert gate.up and len(runner.calls_while_down) == 1
 
 
-def test_a_runners_own_error_opens_the_gate_and_is_passed_on() -> None:
-    """A replica that answers, if with its own 503 (shedding), is up: the waiters go through."""
+def test_an_error_while_down_is_passed_on_and_only_an_answer_opens_the_gate() -> None:
+    """The first try after the runner came back is shed (its own 503): that waiter gets the
+    error, the gate stays closed, the next waiter's try is answered and opens it."""
     up_at = time.monotonic() + 0.3
-    sent = []
+    gate = ReplicaWait("onnx_runner", wait_s=5, max_waiting=10, retry_s=0.05)
+    open_at_each_call: list[bool] = []
 
     async def call() -> str:
-        sent.append(time.monotonic())
+        await asyncio.sleep(0.01)
         if time.monotonic() < up_at:
             raise NoReplica("onnx_runner", "ConnectionRefusedError")
-        if len(sent) % 2:
+        open_at_each_call.append(gate.up)
+        if len(open_at_each_call) == 1:
             raise Overloaded(503, 2, "onnx_runner: cannot finish in time")
         return "vectors"
-
-    gate = ReplicaWait("onnx_runner", wait_s=5, max_waiting=10, retry_s=0.05)
 
     async def main() -> list[str | BaseException]:
         return await asyncio.gather(*(gate.call(call) for _ in range(4)), return_exceptions=True)
 
     outcomes = asyncio.run(main())
-    assert gate.up
-    assert all(o == "vectors" or type(o) is Overloaded for o in outcomes), outcomes
-    assert "vectors" in outcomes
+    assert [type(o) for o in outcomes].count(Overloaded) == 1 and outcomes.count("vectors") == 3
+    assert open_at_each_call[:2] == [False, False]  # two tries while closed: shed, then answered
+    assert open_at_each_call[2:] == [True, True] and gate.up
+
+
+def test_a_cancelled_waiter_that_was_trying_hands_the_tries_over() -> None:
+    runner = Runner(up_in_s=0.4)
+    gate = ReplicaWait("onnx_runner", wait_s=5, max_waiting=10, retry_s=0.05)
+
+    async def main() -> list[int | BaseException]:
+        calls = [asyncio.ensure_future(gate.call(runner.call)) for _ in range(3)]
+        await asyncio.sleep(0.1)  # the first wave failed; the first of them tries
+        assert gate._trying is not None
+        calls[0].cancel()  # its client left
+        return await asyncio.gather(*calls, return_exceptions=True)
+
+    answers = asyncio.run(main())
+    assert isinstance(answers[0], asyncio.CancelledError)
+    assert sorted(a for a in answers[1:] if isinstance(a, int)) == [1, 2] and gate.up
+
+
+def test_a_gate_every_waiter_left_lets_the_next_request_try_at_once() -> None:
+    """With nobody left waiting the gate stays closed; a request arriving once retry_s has passed
+    since the last try tries at once: with a wait shorter than retry_s, it could not otherwise be
+    answered."""
+    runner = Runner(up_in_s=60)
+    gate = ReplicaWait("onnx_runner", wait_s=0.1, max_waiting=10, retry_s=0.3)
+
+    async def main() -> int:
+        with pytest.raises(NoReplica, match=r"none came up within 0\.1 s"):
+            await gate.call(runner.call)
+        assert not gate.up and gate.waiting == 0
+        await asyncio.sleep(0.4)
+        runner.up_at = time.monotonic()
+        return await gate.call(runner.call)
+
+    assert asyncio.run(main()) == 1 and gate.up
