@@ -243,8 +243,9 @@ class TenantRunnerClient:
     name = "tenant_runner"
 
     def __init__(self, proxy: Any, mode: str = "auto", replicas: ReplicaWait | None = None) -> None:
-        """``replicas``: where classify calls wait while the runner has no replica up (None:
-        refused). The registry's calls (rare, writes) are refused at once."""
+        """``replicas``: where classify calls and a tenant's look-up (``show``, which a classify
+        request may need first) wait while the runner has no replica up (None: refused). The
+        registry's other calls (rare; writes, and the listing) are refused at once."""
         self.proxy = proxy.to_async
         self.hot = HotCalls(self.proxy, mode)
         self.replicas = replicas
@@ -301,7 +302,10 @@ class TenantRunnerClient:
         return [str(name) for name in await _call(self.name, self.proxy.list_tenants)]
 
     async def show(self, tenant: str) -> TenantInfo:
-        return _as(TenantInfo, await _call(self.name, self._for(tenant, "show")))
+        send = lambda: _call(self.name, self._for(tenant, "show"))  # noqa: E731
+        return _as(
+            TenantInfo, await (send() if self.replicas is None else self.replicas.call(send))
+        )
 
     async def delete(self, tenant: str) -> Deleted:
         return _as(Deleted, await _call(self.name, self._for(tenant, "delete")))

@@ -131,10 +131,9 @@ class HopClient:
     Each call takes an idle connection or opens one, and gives it back when the answer is read
     whole; a call that fails, times out or is cancelled closes its connection (an answer may still
     be on its way). A connection retires after ``max_requests`` calls or ``max_age`` seconds, once
-    idle. Errors: ``Unreachable`` when no connection opens, ``ConnectionError`` when the runner drops
-    one,
-    ``TimeoutError`` after ``timeout`` seconds, waiting for a free connection and connecting
-    included (as aiohttp's total timeout).
+    idle. Errors: ``Unreachable`` when no connection opens, ``ConnectionError`` when the runner
+    drops one, ``TimeoutError`` after ``timeout`` seconds, waiting for a free connection and
+    connecting included (as aiohttp's total timeout).
     """
 
     def __init__(

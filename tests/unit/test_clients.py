@@ -24,6 +24,7 @@ from services.tokenizer.clients import (
     TenantRunnerClient,
     TFRunnerClient,
 )
+from services.tokenizer.replica_wait import ReplicaWait
 from serving.errors import ApiError, Overloaded
 from serving.protocol import Classified, Deleted, EmbedResult, Registered, TenantInfo
 from testkit.processes import ROOT
@@ -396,3 +397,32 @@ def test_a_hot_calls_refusal_passes_through_with_its_status(transport: str) -> N
         overloaded, refused = asyncio.run(main(onnx, tenants))
     assert overloaded.status == 429 and overloaded.headers() == {"Retry-After": "3"}
     assert refused.status == 404 and refused.message == "unknown tenant 'acme'"
+
+
+def test_tenant_classify_calls_wait_for_a_replica_and_registry_writes_do_not() -> None:
+    """With a gate, a classify call the proxy answers "no replica" waits and is answered once the
+    runner is back (the call sent again, the tenant's header on every try), and so does a tenant's
+    look-up, which a classify request may need first; a registry write with the same answer is
+    refused at once."""
+    cfg = (ROOT / "deploy" / "proxy" / "haproxy.cfg").read_text()
+    proxys = re.search(r"http-error status 503 .* string '(.+)'", cfg)
+    assert proxys is not None
+
+    def down(times: int) -> list[Exception]:
+        return [BentoMLException(proxys[1], error_code=HTTPStatus(503)) for _ in range(times)]
+
+    gate = ReplicaWait("tenant_runner", wait_s=5, max_waiting=10, retry_s=0.05)
+    proxy = FakeProxy(True, down(3))
+    client = TenantRunnerClient(proxy, replicas=gate)
+    answer = asyncio.run(client.classify("acme", [[5, 6]], None))
+    assert answer == CLASSIFIED and gate.up
+    assert [api for api, _ in proxy.calls] == ["classify"] * 4
+    assert proxy.headers == [{"X-Bundle-Tenant": "acme"}] * 4
+
+    looked_up = TenantRunnerClient(FakeProxy(True, down(2)), replicas=gate)
+    assert asyncio.run(looked_up.show("acme")) == INFO and gate.up
+
+    registry = TenantRunnerClient(FakeProxy(True, down(1)), replicas=gate)
+    with pytest.raises(NoReplica):
+        asyncio.run(registry.delete("acme"))
+    assert gate.up  # the write's refusal did not close the gate

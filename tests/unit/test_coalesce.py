@@ -317,3 +317,36 @@ def test_a_call_never_carries_more_sequences_than_a_runner_takes() -> None:
     assert max(runner.calls) <= MAX_SEQUENCES
     assert sum(runner.calls) == 1 + 100 * (3 * MAX_SEQUENCES // 100)
     assert len(runner.calls) >= 4  # three runner-fulls of rows, after the lone first
+
+
+def test_embeddings_wait_while_the_runner_has_no_replica_and_get_their_own_rows() -> None:
+    """With a gate (services/tokenizer/replica_wait.py), a call the runner's proxy answers "no
+    replica" is not passed on: the requests wait, go through the queue again once a replica
+    answers, and each gets its own rows. Without one, it is passed on as before."""
+    from services.tokenizer.clients import NoReplica
+    from services.tokenizer.replica_wait import ReplicaWait
+
+    down = NoReplica("onnx_runner", "no replica of this service is up")
+    runner = FakeRunner(fail=down)
+    settings = TokenizerSettings()
+    queue = TokenQueue(Admission(settings.max_queue_tokens, settings.deadline_s))
+    gate = ReplicaWait("onnx_runner", wait_s=5, max_waiting=10, retry_s=0.05)
+    coalescer = Coalescer(runner, queue, max_inflight=2, max_tokens=8192, replicas=gate)
+
+    async def main() -> list[Embedded]:
+        calls = [
+            asyncio.ensure_future(coalescer.embed(ids)) for ids in ([[7, 8, 9]], [[5], [6, 1]])
+        ]
+        await asyncio.sleep(0.3)
+        assert not gate.up and gate.waiting == 2 and not any(c.done() for c in calls)
+        runner.fail = None  # a replica is up
+        return await asyncio.gather(*calls)
+
+    first, second = asyncio.run(main())
+    np.testing.assert_array_equal(first.vectors, [[7, 3]])
+    np.testing.assert_array_equal(second.vectors, [[5, 1], [6, 2]])
+    assert gate.up and not queue  # nothing left behind in the queue
+
+    bare = coalescer_for(FakeRunner(fail=down), max_inflight=2)
+    with pytest.raises(NoReplica):
+        asyncio.run(bare.embed([[1]]))

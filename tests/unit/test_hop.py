@@ -4,6 +4,7 @@ on a Unix socket as a runner in the graph does, and raw servers that drop or nev
 from __future__ import annotations
 
 import asyncio
+import socket
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,7 +21,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from services.tokenizer.clients import PICKLE, OnnxRunnerClient, RunnerUnavailable
-from services.tokenizer.hop import HopClient, hop_for
+from services.tokenizer.hop import HopClient, Unreachable, hop_for
 from tests.unit.live_server import serving
 
 
@@ -212,9 +213,18 @@ def test_an_interim_answer_is_skipped_and_waiting_for_a_connection_counts_in_the
     assert isinstance(queued, TimeoutError)
 
 
-def test_a_runner_that_is_down_is_a_connection_error_naming_it(sock: str) -> None:
-    with pytest.raises(ConnectionError, match=r"cannot reach the runner at .*runner\.sock"):
+def test_a_runner_that_is_down_is_unreachable_naming_it(sock: str) -> None:
+    """No connection opens, on a Unix socket or a TCP port nothing listens on: ``Unreachable``
+    (the call never reached a runner, so the tokenizer may wait for a replica and send it again),
+    a ConnectionError naming where it went."""
+    with pytest.raises(Unreachable, match=r"cannot reach the runner at .*runner\.sock"):
         asyncio.run(HopClient(unix_path=sock).post("/echo", b"a", {}))
+    with socket.socket() as probe:  # a port just free: nothing listens on it
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    with pytest.raises(Unreachable, match=f"cannot reach the runner at 127.0.0.1:{port}"):
+        asyncio.run(HopClient(port=port).post("/echo", b"a", {}))
+    assert issubclass(Unreachable, ConnectionError)
 
 
 def test_the_tokenizer_retries_a_dropped_call_once_then_answers_503(sock: str) -> None:

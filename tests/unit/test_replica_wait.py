@@ -148,3 +148,50 @@ def test_a_gate_every_waiter_left_lets_the_next_request_try_at_once() -> None:
         return await gate.call(runner.call)
 
     assert asyncio.run(main()) == 1 and gate.up
+
+
+def test_a_waiter_leaves_at_its_own_deadline_while_another_tries_slowly() -> None:
+    """A try that hangs (a replica starting to accept, slow to answer) does not hold the other
+    waiters past their wait: each leaves with 503 at its own deadline, not when the try ends."""
+    gate = ReplicaWait("onnx_runner", wait_s=0.3, max_waiting=10, retry_s=0.01)
+    tries = 0
+
+    async def send() -> int:
+        nonlocal tries
+        tries += 1
+        if tries <= 2:  # the first wave of both requests: no replica
+            raise NoReplica("onnx_runner", "no replica of this service is up")
+        await asyncio.sleep(2)  # the try that hangs
+        return 1
+
+    async def main() -> tuple[list[int | BaseException], float]:
+        started = time.monotonic()
+        calls = [asyncio.ensure_future(gate.call(send)) for _ in range(2)]
+        await asyncio.wait(calls, return_when=asyncio.FIRST_COMPLETED)
+        left_after = time.monotonic() - started
+        for call in calls:
+            call.cancel()
+        return await asyncio.gather(*calls, return_exceptions=True), left_after
+
+    answers, left_after = asyncio.run(main())
+    assert left_after < 1.0  # the waiter left at its 0.3 s, long before the 2 s try ends
+    assert any(isinstance(a, NoReplica) and "within 0.3 s" in str(a) for a in answers), answers
+    assert tries == 3  # one try at a time: the waiter did not send a second
+
+
+def test_the_gate_closes_again_when_the_replicas_go_again() -> None:
+    """Up, then gone again (scaled to zero a second time): the next request closes the gate anew,
+    waits, and is answered once a replica is back; the count of those that waited starts over."""
+    runner = Runner(up_in_s=0.2)
+    gate = ReplicaWait("onnx_runner", wait_s=5, max_waiting=10, retry_s=0.05)
+
+    async def main() -> tuple[list[int], list[int]]:
+        first = await asyncio.gather(*(gate.call(runner.call) for _ in range(3)))
+        assert gate.up and gate.waited == 3
+        runner.up_at = time.monotonic() + 0.3  # gone again
+        second = await asyncio.gather(*(gate.call(runner.call) for _ in range(2)))
+        return first, second
+
+    first, second = asyncio.run(main())
+    assert sorted(first) == [1, 2, 3] and sorted(second) == [4, 5]
+    assert gate.up and gate.waited == 2
