@@ -17,6 +17,8 @@ from pydantic import (
     FiniteFloat,
     SerializerFunctionWrapHandler,
     StringConstraints,
+    TypeAdapter,
+    WithJsonSchema,
     model_serializer,
 )
 
@@ -234,8 +236,21 @@ def _inputs(value: Any) -> Any:
     return value
 
 
+# What a client may send as /predict's inputs, as its schema says it: the validator below takes one
+# text too, and the item counts belong on the arrays (on the field they would read as a string's).
+_PREDICT_INPUTS_SCHEMA = TypeAdapter(
+    Text
+    | Annotated[list[Text], Field(min_length=1, max_length=SETTINGS.max_texts)]
+    | Annotated[list[tuple[Text, Text]], Field(min_length=1, max_length=SETTINGS.max_texts)]
+).json_schema()
+
+
 class PredictRequest(Request):
-    inputs: Annotated[list[Text] | list[tuple[Text, Text]], BeforeValidator(_inputs)] = Field(
+    inputs: Annotated[
+        list[Text] | list[tuple[Text, Text]],
+        BeforeValidator(_inputs),
+        WithJsonSchema(_PREDICT_INPUTS_SCHEMA),
+    ] = Field(
         description="A text, a list of texts, or a list of [text, text] pairs to classify.",
         min_length=1,
         max_length=SETTINGS.max_texts,

@@ -49,3 +49,19 @@ def test_a_tenants_encoder_is_documented_as_possibly_null() -> None:
     answer = refined["paths"]["/tenants/show"]["post"]["responses"]["200"]["content"]
     encoder = answer["application/json"]["schema"]["properties"]["encoder"]
     assert {"type": "null"} in encoder["anyOf"] and {"type": "string"} in encoder["anyOf"]
+
+
+def test_predict_inputs_are_documented_as_every_shape_they_take() -> None:
+    """One text, a list of texts, or a list of pairs, each accepted, each in the schema, with the
+    item counts on the arrays (the same limits the request enforces)."""
+    from services.tokenizer.schemas import PredictRequest
+    from services.tokenizer.settings import SETTINGS
+
+    schema = PredictRequest.model_json_schema()["properties"]["inputs"]
+    assert "maxLength" not in schema and "minLength" not in schema  # a string's, not a list's
+    text, texts, pairs = schema["anyOf"]
+    assert text["type"] == "string" and texts["items"]["type"] == "string"
+    assert pairs["items"]["minItems"] == pairs["items"]["maxItems"] == 2
+    assert texts["maxItems"] == pairs["maxItems"] == SETTINGS.max_texts
+    for sent in ("one text", ["a", "b"], [["query", "text"]]):
+        assert PredictRequest.model_validate({"inputs": sent}).inputs
