@@ -152,7 +152,8 @@ def test_a_gate_every_waiter_left_lets_the_next_request_try_at_once() -> None:
 
 def test_a_waiter_leaves_at_its_own_deadline_while_another_tries_slowly() -> None:
     """A try that hangs (a replica starting to accept, slow to answer) does not hold the other
-    waiters past their wait: each leaves with 503 at its own deadline, not when the try ends."""
+    waiters past their wait: the one not trying leaves with 503 at its own deadline, not when the
+    try ends (the trying one is bounded by its call's own deadline, not by the gate)."""
     gate = ReplicaWait("onnx_runner", wait_s=0.3, max_waiting=10, retry_s=0.01)
     tries = 0
 
@@ -182,14 +183,22 @@ def test_a_waiter_leaves_at_its_own_deadline_while_another_tries_slowly() -> Non
 def test_the_gate_closes_again_when_the_replicas_go_again() -> None:
     """Up, then gone again (scaled to zero a second time): the next request closes the gate anew,
     waits, and is answered once a replica is back; the count of those that waited starts over."""
-    runner = Runner(up_in_s=0.2)
+    runner = Runner(up_in_s=float("inf"))
     gate = ReplicaWait("onnx_runner", wait_s=5, max_waiting=10, retry_s=0.05)
 
+    async def wave(count: int) -> list[int]:
+        calls = [asyncio.ensure_future(gate.call(runner.call)) for _ in range(count)]
+        while gate.waiting < count:  # each failed its first call and waits
+            await asyncio.sleep(0.01)
+        assert not gate.up
+        runner.up_at = time.monotonic()  # a replica is up
+        return await asyncio.gather(*calls)
+
     async def main() -> tuple[list[int], list[int]]:
-        first = await asyncio.gather(*(gate.call(runner.call) for _ in range(3)))
+        first = await wave(3)
         assert gate.up and gate.waited == 3
-        runner.up_at = time.monotonic() + 0.3  # gone again
-        second = await asyncio.gather(*(gate.call(runner.call) for _ in range(2)))
+        runner.up_at = float("inf")  # gone again
+        second = await wave(2)
         return first, second
 
     first, second = asyncio.run(main())
