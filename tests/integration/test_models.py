@@ -153,8 +153,14 @@ def test_int8_is_smoothed_and_quantised_in_every_weighted_matmul_but_the_kept_on
 
 
 def test_parity_report_per_model_and_backend(tmp_path: Path) -> None:
+    """`make parity` on MiniLM's entry (every backend against PyTorch, recomputed); the demo
+    classifier's figures as its build's gate stored them, held to the bound of MiniLM's fp32
+    (recomputing them would run the demo's PyTorch reference in this test too)."""
+    minilm = write_catalogue(
+        tmp_path / "minilm.yaml", DEFAULT.model_dump(mode="json", exclude_none=True)
+    )
     out = tmp_path / "parity.json"
-    assert parity.main(["--catalogue", str(catalogue.DEFAULT), "--out", str(out)]) == 0
+    assert parity.main(["--catalogue", str(minilm), "--out", str(out)]) == 0
     results = json.loads(out.read_text())
     assert list(results) == [DEFAULT.name]
     figures = results[DEFAULT.name]
@@ -165,6 +171,11 @@ def test_parity_report_per_model_and_backend(tmp_path: Path) -> None:
         if backend != "onnx-int8":
             assert r["mismatches"] == 0 and r["max_diff"] <= 1e-5
     assert figures["onnx-int8"]["mismatches"] <= 0.01 * figures["onnx-int8"]["inputs"]
+    for entry in catalogue.load(catalogue.DEFAULT).models[1:]:  # the demo: logits and argmax
+        for backend in entry.backends:
+            stored = store.latest(entry.store_name(backend)).info.metadata["parity"]
+            assert stored["inputs"] >= 500 and stored["mismatches"] == 0, (entry.name, stored)
+            assert stored["max_diff"] <= 1e-5, (entry.name, stored)
 
 
 def test_the_parity_gate_fails_a_backend_that_disagrees() -> None:
@@ -259,6 +270,10 @@ BAD_CATALOGUES = {
         [{"name": "m", "source": "ck", "max_length": 1024}],
         ["models (m)", "max_length: 1024 is more than the model reads (512 positions)"],
     ),
+    "a demo that does not exist": (
+        [{"name": "m", "source": "demo:nope", "task": "classify"}],
+        ["models (m)", "demo:nope is not a demo (demos: intent-classifier)"],
+    ),
     "a source that does not exist": (
         [{"name": "m", "source": "./nowhere"}],
         ["models (m)", "nowhere does not exist"],
@@ -352,9 +367,13 @@ def test_make_models_again_reuses_every_stored_model() -> None:
         env={**os.environ, "BENTOML_DO_NOT_TRACK": "True"},
     )
     assert proc.returncode == 0, proc.stderr
-    # The tokenizer and each backend of the one model, and the tenants' SentencePiece model.
-    assert proc.stdout.count(" reused") == 1 + len(DEFAULT.backends) + 1, proc.stdout
-    assert " built in " not in proc.stdout
+    # The tokenizer and each backend of every model, and the tenants' SentencePiece model; the
+    # demo classifier is not trained again.
+    entries = catalogue.load(catalogue.DEFAULT).models
+    assert proc.stdout.count(" reused") == sum(1 + len(m.backends) for m in entries) + 1, (
+        proc.stdout
+    )
+    assert " built in " not in proc.stdout and "fine-tuning" not in proc.stdout
 
 
 def test_the_tokenizer_service_keeps_the_fast_tokenizer_on_its_own_core(

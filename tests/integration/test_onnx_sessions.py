@@ -12,7 +12,7 @@ from models import store
 from serving import catalogue
 from serving.features import pad
 
-MODEL = catalogue.current().models[0].name  # the default catalogue's one model
+MODEL = catalogue.current().models[0].name  # the default catalogue's embed model, MiniLM
 
 STOP = "session.force_spinning_stop"
 
@@ -49,7 +49,12 @@ def test_solo_sessions_stop_spinning_between_runs_and_the_others_keep_orts_defau
     from runners.onnx.service import SETTINGS
 
     lanes = SETTINGS.lane_count
-    assert set(runner.batchers) == {(MODEL, "onnx"), (MODEL, "onnx-int8")}
+    # Every ONNX backend of every model of the catalogue (MiniLM's two, the demo classifier's one).
+    served = catalogue.current().models
+    assert set(runner.batchers) == {
+        (m.name, b) for m in served for b in m.backends if b in ("onnx", "onnx-int8")
+    }
+    assert {(MODEL, "onnx"), (MODEL, "onnx-int8")} <= set(runner.batchers)
     for batcher in runner.batchers.values():
         threads = batcher.engine.session.get_session_options().intra_op_num_threads
         if lanes == 1:  # one session per model on every core, no solo session

@@ -27,7 +27,7 @@ from testkit.processes import ROOT, bentoml_serve, log_path
 COUNT = 10_000
 STORE = ROOT / "build" / "test-heads-10k"
 EXTRA_MB = 500
-# The heads name the default catalogue's model and are as wide as its vectors.
+# The heads name the default catalogue's embed model and are as wide as its vectors.
 ENCODER, WIDTH = "all-MiniLM-L6-v2", 384
 
 

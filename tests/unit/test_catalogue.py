@@ -16,9 +16,12 @@ from serving.catalogue import CatalogueError, parse
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def test_the_default_catalogue_serves_minilm_on_every_backend() -> None:
+def test_the_default_catalogue_serves_minilm_on_every_backend_and_a_demo_classifier() -> None:
     served = catalogue.load(catalogue.DEFAULT)
-    assert [m.name for m in served.models] == ["all-MiniLM-L6-v2"]
+    assert [m.name for m in served.models] == ["all-MiniLM-L6-v2", "intent-classifier"]
+    demo = served.default("classify")
+    assert demo is not None and demo.source == "demo:intent-classifier"
+    assert served.default("rerank") is None
     entry = served.default("embed")
     assert entry is not None and entry.backends == ("onnx", "onnx-int8", "tf")
     assert [entry.store_name(a) for a in catalogue.ARTEFACTS] == [

@@ -1,0 +1,73 @@
+"""The demo heads' build steps without training a model: the held-out split, the gate that stops
+a demo below it, and the reuse of one trained from the same inputs (the training itself runs in
+`make models`; tests/integration/test_models.py and tests/e2e/test_graph.py read what it made)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from models import demo, source
+from models.checks import BuildError
+from serving.catalogue import Entry
+
+
+def test_held_out_templates_are_never_trained_on() -> None:
+    train, held = demo.split_templates()
+    assert sorted(train) == sorted(held) and len(train) >= 20
+    for intent in train:
+        assert held[intent] and not set(held[intent]) & set(train[intent])
+    seen = {text for text, _ in demo.utterances(train, seed=1)}
+    tests = demo.utterances(held, seed=2)
+    assert tests and not seen & {text for text, _ in tests}
+
+
+@pytest.fixture
+def demos(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
+    """The demo classifier's trainer replaced by one that writes a file and reports the held-out
+    accuracy the test sets: the gate and the reuse are demo.checkpoint's own."""
+    monkeypatch.setattr(demo, "OUT", tmp_path / "demo")
+    monkeypatch.setattr(demo, "QUALITY", tmp_path / "quality.json")
+    trained: dict[str, Any] = {"calls": 0, "accuracy": 0.9}
+
+    def trainer(out: Path, log: Any) -> dict[str, Any]:
+        trained["calls"] += 1
+        (out / "config.json").write_text("{}")
+        return {"accuracy": trained["accuracy"], "baseline_accuracy": 0.8}
+
+    monkeypatch.setitem(demo.TRAINERS, "intent-classifier", trainer)
+    return trained
+
+
+def test_a_demo_below_its_gate_fails_the_build_and_leaves_no_checkpoint(
+    demos: dict[str, Any], tmp_path: Path
+) -> None:
+    demos["accuracy"] = demo.MIN_ACCURACY - 0.01
+    with pytest.raises(BuildError, match=r"intent-classifier: held-out accuracy 0\.740 is below"):
+        demo.checkpoint("intent-classifier", log=lambda _: None)
+    assert demo.built("intent-classifier") is None
+    assert not list((tmp_path / "demo").iterdir())  # neither the checkpoint nor its partial copy
+    recorded = json.loads((tmp_path / "quality.json").read_text())["intent-classifier"]
+    assert recorded["accuracy"] < demo.MIN_ACCURACY and "below the gate" in recorded["failure"]
+
+
+def test_a_demo_is_trained_once_for_the_same_inputs(demos: dict[str, Any], tmp_path: Path) -> None:
+    entry = Entry(name="intents", source="demo:intent-classifier", task="classify")
+    assert source.locate(entry, tmp_path, fetch=False) is None  # not trained, not training
+    first = demo.checkpoint("intent-classifier", log=lambda _: None)
+    again = source.locate(entry, tmp_path)
+    assert first == again == demo.built("intent-classifier") and demos["calls"] == 1
+    recorded = json.loads((tmp_path / "quality.json").read_text())["intent-classifier"]
+    assert recorded["accuracy"] == 0.9 and "failure" not in recorded
+    (first / "inputs.sha").write_text("other inputs")
+    demo.checkpoint("intent-classifier", log=lambda _: None)
+    assert demos["calls"] == 2
+
+
+def test_an_unknown_demo_is_a_source_error_naming_those_there_are(tmp_path: Path) -> None:
+    entry = Entry(name="m", source="demo:nope", task="classify")
+    with pytest.raises(source.SourceError, match=r"demo:nope is not a demo \(demos: intent-"):
+        source.locate(entry, tmp_path)
