@@ -337,7 +337,10 @@ def test_embeddings_wait_while_the_runner_has_no_replica_and_get_their_own_rows(
         calls = [
             asyncio.ensure_future(coalescer.embed(ids)) for ids in ([[7, 8, 9]], [[5], [6, 1]])
         ]
-        await asyncio.sleep(0.3)
+        for _ in range(500):  # both fail their first call and wait at the gate (within 5 s)
+            if gate.waiting == 2:
+                break
+            await asyncio.sleep(0.01)
         assert not gate.up and gate.waiting == 2 and not any(c.done() for c in calls)
         runner.fail = None  # a replica is up
         return await asyncio.gather(*calls)

@@ -188,9 +188,11 @@ def test_the_gate_closes_again_when_the_replicas_go_again() -> None:
 
     async def wave(count: int) -> list[int]:
         calls = [asyncio.ensure_future(gate.call(runner.call)) for _ in range(count)]
-        while gate.waiting < count:  # each failed its first call and waits
+        for _ in range(500):  # each fails its first call and waits (within 5 s)
+            if gate.waiting == count:
+                break
             await asyncio.sleep(0.01)
-        assert not gate.up
+        assert not gate.up and gate.waiting == count
         runner.up_at = time.monotonic()  # a replica is up
         return await asyncio.gather(*calls)
 
