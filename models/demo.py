@@ -30,6 +30,7 @@ import numpy as np
 
 from models import corpus
 from models.checks import BuildError
+from models.source import sha256_file
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "build" / "demo"
@@ -87,8 +88,7 @@ def inputs_hash(name: str) -> str:
     digest = hashlib.sha256(name.encode())
     for path in (corpus.INTENTS_FILE, Path(corpus.__file__), Path(__file__)):
         digest.update(path.read_bytes())
-    with (base_dir() / "model.safetensors").open("rb") as weights:
-        digest.update(hashlib.file_digest(weights, "sha256").digest())
+    digest.update(sha256_file(base_dir() / "model.safetensors").encode())
     digest.update(" ".join(version(p) for p in ("torch", "transformers")).encode())
     return digest.hexdigest()[:16]
 

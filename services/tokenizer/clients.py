@@ -250,6 +250,10 @@ class TenantRunnerClient:
         self.hot = HotCalls(self.proxy, mode)
         self.replicas = replicas
 
+    async def _held(self, send: Callable[[], Awaitable[Any]]) -> Any:
+        # A call that may wait for a replica (see __init__).
+        return await (send() if self.replicas is None else self.replicas.call(send))
+
     def _for(self, tenant: str, api: str, **kwargs: Any) -> Callable[[], Awaitable[Any]]:
         # The registry's calls, with BentoML's client and the tenant header
         # (tests/unit/test_clients.py pins that it arrives).
@@ -276,8 +280,7 @@ class TenantRunnerClient:
             body["encoder"] = encoder
         headers = {TENANT_HEADER: tenant}
         send = lambda: _call(self.name, lambda: self.hot.post("classify", body, headers))  # noqa: E731
-        answer = await (send() if self.replicas is None else self.replicas.call(send))
-        return _as(Classified, answer)
+        return _as(Classified, await self._held(send))
 
     async def train(
         self,
@@ -302,9 +305,8 @@ class TenantRunnerClient:
         return [str(name) for name in await _call(self.name, self.proxy.list_tenants)]
 
     async def show(self, tenant: str) -> TenantInfo:
-        send = lambda: _call(self.name, self._for(tenant, "show"))  # noqa: E731
         return _as(
-            TenantInfo, await (send() if self.replicas is None else self.replicas.call(send))
+            TenantInfo, await self._held(lambda: _call(self.name, self._for(tenant, "show")))
         )
 
     async def delete(self, tenant: str) -> Deleted:
