@@ -885,8 +885,10 @@ def test_an_engine_call_s_cpu_is_its_lane_thread_s_inside_the_engine_and_nothing
         (cpu,) = calls.cpu
         return cpu
 
+    # Each "not counted" bound is half the 0.05 s a wrongly counted spin would add, not near zero:
+    # on a busy host a thread's own start-up and locking cost it milliseconds.
     assert run(cpu_of(spinning)) >= 0.05
-    assert run(cpu_of(sleeping)) < 0.01
+    assert run(cpu_of(sleeping)) < 0.025
     padding, padded = batcher_module.pad, []
 
     def slow_padding(*args, **kwargs):
@@ -894,7 +896,7 @@ def test_an_engine_call_s_cpu_is_its_lane_thread_s_inside_the_engine_and_nothing
         return padding(*args, **kwargs)
 
     monkeypatch.setattr(batcher_module, "pad", slow_padding)
-    assert run(cpu_of(sleeping)) < 0.01
+    assert run(cpu_of(sleeping)) < 0.025
     assert len(padded) == 1  # the call was padded, by the slow padding
 
 
@@ -939,5 +941,7 @@ def test_a_solo_call_s_engine_cpu_counts_its_session_s_own_threads() -> None:
 
     solo_cpu, lane_cpu, busy_loop_cpu = run(main())
     assert solo_cpu[0] >= 0.05  # its session's thread counted
-    assert len(lane_cpu) == 2 and max(lane_cpu) < 0.01  # two calls on the lanes: their threads
+    # Half the worker's 0.05 s, not near zero: on a busy host starting and joining a thread costs
+    # the lane thread milliseconds of its own.
+    assert len(lane_cpu) == 2 and max(lane_cpu) < 0.025  # two calls on the lanes: their threads
     assert busy_loop_cpu[0] < 0.03  # not the loop's 0.1 s
