@@ -42,16 +42,15 @@ def run_python_block(block: str, url: str, port: int) -> str:
 
 def test_readme_python_clients_work(graph: str) -> None:
     blocks = python_blocks(3000)
-    # The openai SDK, bentoml.SyncHTTPClient; and the cohere SDK, which needs a rerank model
-    # that the default catalogue does not have (tests/e2e/test_catalogue.py calls it on one).
+    # The openai SDK, bentoml.SyncHTTPClient and the cohere SDK (on the demo reranker).
     assert len(blocks) == 3 and sum("import cohere" in block for block in blocks) == 1
-    for block in (b for b in blocks if "import cohere" not in b):
+    for block in blocks:
         run_python_block(block, graph, 3000)
 
 
 def test_readme_curl_examples_work(graph: str) -> None:
     commands = curl_commands()
-    assert len(commands) == 9
+    assert len(commands) == 10
     port = graph.rsplit(":", 1)[1]
     for command in commands:
         command = command.replace("localhost:3000", f"127.0.0.1:{port}").replace(
@@ -68,3 +67,5 @@ def test_readme_curl_examples_work(graph: str) -> None:
         if "/predict" in command:  # what the README says the demo intent classifier answers
             best = [labels[0]["label"] for labels in body["predictions"]]
             assert best == ["reset_password", "order_status"] and len(body["predictions"][0]) == 24
+        if "/rerank" in command:  # what the README says the demo reranker answers
+            assert [r["index"] for r in body] == [1, 0]

@@ -58,17 +58,22 @@ def test_each_bento_has_only_its_own_engine_and_models(built: dict[str, Path]) -
     assert "onnxruntime" in tenants and "tensorflow-cpu" in tenants  # serves both kinds
     assert "torch" not in set().union(tokenizer, onnx, tf, tenants)  # export-time only
 
-    # The default catalogue's models (MiniLM and the demo classifier): each bento holds their
+    # The default catalogue's models (MiniLM and the demo heads): each bento holds their
     # entries for what it serves.
     entries = catalogue.load(catalogue.DEFAULT).models
     stored = {b: {m.store_name(b) for m in entries if b in m.backends} for b in BACKENDS}
     assert models(built["onnx-runner"]) == stored["onnx"] | stored["onnx-int8"]
-    assert models(built["onnx-runner"]) >= {"all-minilm-l6-v2-onnx", "intent-classifier-onnx"}
+    assert models(built["onnx-runner"]) >= {
+        "all-minilm-l6-v2-onnx",
+        "intent-classifier-onnx",
+        "intent-reranker-onnx",
+    }
     assert models(built["tf-runner"]) == stored["tf"] == {"all-minilm-l6-v2-tf"}
     # The tokenizer holds each model's tokenizer; the runners are reached by URL, not bundled.
     assert models(built["tokenizer"]) >= {
         "all-minilm-l6-v2-tokenizer",
         "intent-classifier-tokenizer",
+        "intent-reranker-tokenizer",
     }
     assert "all-minilm-l6-v2-onnx" not in models(built["tokenizer"])
     assert models(built["bento-bundle"]) >= {"all-minilm-l6-v2-onnx", "all-minilm-l6-v2-tf"}

@@ -154,8 +154,8 @@ def test_int8_is_smoothed_and_quantised_in_every_weighted_matmul_but_the_kept_on
 
 def test_parity_report_per_model_and_backend(tmp_path: Path) -> None:
     """`make parity` on MiniLM's entry (every backend against PyTorch, recomputed); the demo
-    classifier's figures as its build's gate stored them, held to the bound of MiniLM's fp32
-    (recomputing them would run the demo's PyTorch reference in this test too)."""
+    heads' figures as their build's gate stored them, held to the bound of MiniLM's fp32
+    (recomputing them would run the demos' PyTorch references in this test too)."""
     minilm = write_catalogue(
         tmp_path / "minilm.yaml", DEFAULT.model_dump(mode="json", exclude_none=True)
     )
@@ -171,7 +171,8 @@ def test_parity_report_per_model_and_backend(tmp_path: Path) -> None:
         if backend != "onnx-int8":
             assert r["mismatches"] == 0 and r["max_diff"] <= 1e-5
     assert figures["onnx-int8"]["mismatches"] <= 0.01 * figures["onnx-int8"]["inputs"]
-    for entry in catalogue.load(catalogue.DEFAULT).models[1:]:  # the demo: logits and argmax
+    demos = catalogue.load(catalogue.DEFAULT).models[1:]  # logits, argmax or side of 0
+    for entry in demos:
         for backend in entry.backends:
             stored = store.latest(entry.store_name(backend)).info.metadata["parity"]
             assert stored["inputs"] >= 500 and stored["mismatches"] == 0, (entry.name, stored)
@@ -272,7 +273,7 @@ BAD_CATALOGUES = {
     ),
     "a demo that does not exist": (
         [{"name": "m", "source": "demo:nope", "task": "classify"}],
-        ["models (m)", "demo:nope is not a demo (demos: intent-classifier)"],
+        ["models (m)", "demo:nope is not a demo (demos: intent-classifier, intent-reranker)"],
     ),
     "a source that does not exist": (
         [{"name": "m", "source": "./nowhere"}],

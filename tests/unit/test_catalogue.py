@@ -16,12 +16,13 @@ from serving.catalogue import CatalogueError, parse
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def test_the_default_catalogue_serves_minilm_on_every_backend_and_a_demo_classifier() -> None:
+def test_the_default_catalogue_serves_minilm_on_every_backend_and_the_demo_heads() -> None:
     served = catalogue.load(catalogue.DEFAULT)
-    assert [m.name for m in served.models] == ["all-MiniLM-L6-v2", "intent-classifier"]
-    demo = served.default("classify")
-    assert demo is not None and demo.source == "demo:intent-classifier"
-    assert served.default("rerank") is None
+    names = [m.name for m in served.models]
+    assert names == ["all-MiniLM-L6-v2", "intent-classifier", "intent-reranker"]
+    for task, name in (("classify", "intent-classifier"), ("rerank", "intent-reranker")):
+        demo = served.default(task)
+        assert demo is not None and demo.source == f"demo:{name}" and demo.backends == ("onnx",)
     entry = served.default("embed")
     assert entry is not None and entry.backends == ("onnx", "onnx-int8", "tf")
     assert [entry.store_name(a) for a in catalogue.ARTEFACTS] == [
