@@ -1,7 +1,8 @@
 """The side-by-side benchmark (``make bench``; ``BENCH_QUICK=1``: every system once, in minutes).
 
 The systems, how points are interleaved and drained, what is recorded: loadtests/README.md. Exits
-1 if a served figure is above its backend's raw limit (the limit would be wrong), recording nothing.
+1 if a served figure is above its backend's raw limit (a rerank or classify row: its model's; the
+limit would be wrong), recording nothing.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from loadtests import cpu, isolation, report
+from loadtests import cpu, isolation, report, tasks
 from loadtests.points import (
     BULK_LONGER,
     FASTAPI,
@@ -192,6 +193,8 @@ def main(argv: list[str] | None = None) -> int:
                         f"{p.failures} failed, {p.shed} shed, load-gen CPU {p.loadgen_cpu_share:.1%}",
                         flush=True,
                     )
+            settle(running)
+            heads = tasks.measure(running[STACK], OUT, MIDDLE, args.seconds * BULK_LONGER, QUICK)
         if not QUICK:  # again at the end, the servers stopped, and the best of both kept
             end = measure_raw("end")
             raw = {backend: best_of(raw[backend], end[backend]) for backend in raw}
@@ -212,6 +215,7 @@ def main(argv: list[str] | None = None) -> int:
         },
     )
     results["several_models"] = several
+    results["tasks"] = heads
     return publish(results, record=args.record)
 
 

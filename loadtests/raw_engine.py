@@ -12,6 +12,7 @@ import statistics
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import cast
 
 # The sweep reaches past every best plan a record has found (``at_edge`` warns at an end).
 ROW_COUNTS = (4, 8, 16, 32, 64, 128)
@@ -30,16 +31,22 @@ def sample(texts: list[str], limit: int | None) -> list[str]:
 
 
 def raw_engine(
-    model: str, backend: str, repeats: int, texts_limit: int | None = None, quick: bool = False
+    model: str,
+    backend: str,
+    repeats: int,
+    texts_limit: int | None = None,
+    quick: bool = False,
+    inputs: list[str] | list[tuple[str, str]] | None = None,
 ) -> dict:
-    """Sentences/s of one catalogue model's ONNX ``backend`` (onnx, onnx-int8) alone, with its own
-    tokenizer, on the load-test corpus (about ``texts_limit`` of its texts, in a quick run, and
-    ``QUICK_PLANS``): the best plan, its median rate."""
+    """Inputs/s of one catalogue model's ONNX ``backend`` (onnx, onnx-int8) alone, with its own
+    tokenizer, on ``inputs`` (a rerank model's are (query, text) pairs, encoded as it encodes a
+    pair) or else the load-test corpus (about ``texts_limit`` of its texts), with ``QUICK_PLANS``
+    in a quick run: the best plan, its median rate (``sentences_per_s``: a pair is one input)."""
     from models import corpus, store
     from serving import catalogue
     from serving.batching import plan
     from serving.engines.onnx import OnnxEngine
-    from serving.features import load_tokenizer, pad, tokenize
+    from serving.features import load_tokenizer, pad, tokenize, tokenize_pairs
     from serving.served import spec_of
 
     entry = catalogue.current().get(model)
@@ -52,26 +59,36 @@ def raw_engine(
     providers = ["CPUExecutionProvider"]
     wide = OnnxEngine(path, spec.contract(), threads=cores, providers=providers)
     lane = OnnxEngine(path, spec.contract(), threads=1, providers=providers)
-    tokenizer_dir = Path(store.latest(entry.store_name("tokenizer")).path)
-    tokenizer = load_tokenizer(tokenizer_dir / "tokenizer.json", spec.max_length)
-    texts = sample(corpus.load_texts(), texts_limit)
+    tokenizer_file = Path(store.latest(entry.store_name("tokenizer")).path) / "tokenizer.json"
+    pairs = entry.task == "rerank"
+    tokenizer = load_tokenizer(tokenizer_file, spec.max_length, pairs=pairs)
+    if inputs is None:
+        inputs = sample(corpus.load_texts(), texts_limit)
+    Row = tuple[list[int], int]  # a sequence's ids, and where a pair's second text starts
 
-    def padded(batch: list[list[int]]) -> dict:
-        return pad(batch, spec.pad_id, spec.token_types)
+    def encoded() -> list[Row]:
+        if not pairs:
+            return [(ids, 0) for ids in tokenize(tokenizer, cast("list[str]", inputs))]
+        ids, starts = tokenize_pairs(tokenizer, cast("list[tuple[str, str]]", inputs))
+        return list(zip(ids, starts, strict=True))
+
+    def padded(batch: list[Row]) -> dict:
+        segments = [start for _, start in batch] if pairs else None
+        return pad([ids for ids, _ in batch], spec.pad_id, spec.token_types, segments)
 
     for engine in (wide, lane):  # warm-up: allocations, kernel choice
-        engine(padded(tokenize(tokenizer, texts[:32])))
+        engine(padded(encoded()[:32]))
     lanes = ThreadPoolExecutor(max_workers=cores)
 
-    def batches_of(ids: list[list[int]], kind: str, size: int) -> list[list[list[int]]]:
+    def batches_of(rows: list[Row], kind: str, size: int) -> list[list[Row]]:
         if kind == "rows":
-            ordered = sorted(ids, key=len)
+            ordered = sorted(rows, key=lambda row: len(row[0]))
             return [ordered[i : i + size] for i in range(0, len(ordered), size)]
         # at the ONNX runner's default weight a call (CALL_OVERHEAD_TOKENS), as its commit plans
-        groups = plan([len(s) for s in ids], max_tokens=size, max_rows=256)
-        return [[ids[i] for i in group.indices] for group in groups]
+        groups = plan([len(ids) for ids, _ in rows], max_tokens=size, max_rows=256)
+        return [[rows[i] for i in group.indices] for group in groups]
 
-    def run(batches: list[list[list[int]]], layout: str) -> None:
+    def run(batches: list[list[Row]], layout: str) -> None:
         if layout == "1 session":
             for batch in batches:
                 wide(padded(batch))
@@ -88,9 +105,9 @@ def raw_engine(
         for layout in layouts:  # interleaved: a noisy moment does not favour one plan
             for kind, size in plans:
                 started = time.perf_counter()
-                run(batches_of(tokenize(tokenizer, texts), kind, size), layout)
+                run(batches_of(encoded(), kind, size), layout)
                 rates[f"{kind} {size}, {layout}"].append(
-                    len(texts) / (time.perf_counter() - started)
+                    len(inputs) / (time.perf_counter() - started)
                 )
     lanes.shutdown()
     medians = {name: statistics.median(samples) for name, samples in rates.items()}

@@ -140,11 +140,16 @@ def checked(results: dict) -> list[dict]:
 
 
 def above_raw(results: dict) -> list[str]:
-    """Served figures above their backend's raw limit: the limit would be wrong."""
+    """Served figures above their backend's raw limit (a rerank or classify row: its model's): the
+    limit would be wrong."""
     return [
         f"{r['system']} {r['workload']} {r['users']}: {r['sentences_per_s']:.0f} > {results['raw'][backend_of(r['system'])]['sentences_per_s']:.0f}"
         for r in results["rows"]
         if r["sentences_per_s"] > results["raw"][backend_of(r["system"])]["sentences_per_s"]
+    ] + [
+        f"{t['task']} {t['model']} {t['users']}: {t['served_per_s']:.0f} > {t['raw_per_s']:.0f}"
+        for t in results.get("tasks", [])
+        if t["served_per_s"] > t["raw_per_s"]
     ]
 
 
@@ -237,6 +242,8 @@ def markdown(results: dict) -> str:
         ]
     if several := results.get("several_models"):
         lines += ["", several_models(several)]
+    if rows := results.get("tasks"):
+        lines += ["", *task_rows(rows)]
     lines += where_time_goes(results)
     lines += ["", "| target | met | measured |", "|---|---|---|"]
     lines += [
@@ -255,6 +262,25 @@ def several_models(figures: dict) -> str:
         f"sentences/s, {figures['a_shed']} shed): {figures['b_p99_ratio']:.2f}x; p50 "
         f"{figures['b_alone_p50_ms']:.1f} and {figures['b_beside_a_p50_ms']:.1f} ms."
     )
+
+
+def task_rows(rows: list[dict]) -> list[str]:
+    """The rerank and classify rows (loadtests/tasks.py): inputs (pairs, texts) a second served
+    against the raw engine on the same inputs, and each process's CPU per request."""
+    lines = [
+        "Rerank and classify (each request 32 inputs: a query's pairs, or texts; served at "
+        f"{rows[0]['users']} users):",
+        "",
+        "| task | model | route | served inputs/s | raw | served/raw | p50 ms | p99 ms | failed | shed | CPU ms/request (main+other threads) |",
+        "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---|",
+    ]  # fmt: skip
+    for r in rows:
+        lines.append(
+            f"| {r['task']} | {r['model']} | {r['route']} | {r['served_per_s']:.0f} | "
+            f"{r['raw_per_s']:.0f} ({r['raw_plan']}) | {r['served_over_raw']:.2f} | "
+            f"{r['p50_ms']:.1f} | {r['p99_ms']:.0f} | {r['failures']} | {r['shed']} | {_cpu_cell(r)} |"
+        )
+    return lines
 
 
 def results_md(recorded: Path) -> str:

@@ -83,6 +83,29 @@ def test_one_model_is_measured_alone_and_beside_another_saturated(results) -> No
     assert "Several models on one graph" in (out / "results.md").read_text()
 
 
+def test_rerank_and_classify_are_served_beside_their_raw_engine(results) -> None:
+    """A row for each of the default catalogue's heads: the inputs a second served, the raw
+    engine's on the same inputs, their quotient, and the CPU a request cost the front and the
+    runner (whose engine share is counted apart)."""
+    data, out = results
+    rows = {r["task"]: r for r in data["tasks"]}
+    assert {task: r["route"] for task, r in rows.items()} == {
+        "rerank": "/rerank",
+        "classify": "/predict",
+    }
+    assert (rows["rerank"]["model"], rows["classify"]["model"]) == (
+        "intent-reranker",
+        "intent-classifier",
+    )
+    for r in rows.values():
+        assert r["served_per_s"] > 0 and r["raw_per_s"] > 0 and r["failures"] == 0, r
+        assert math.isclose(r["served_over_raw"], r["served_per_s"] / r["raw_per_s"], rel_tol=1e-2)
+        assert 0 < r["p50_ms"] <= r["p99_ms"]
+        cpu = r["cpu_ms_per_request"]
+        assert cpu["tokenizer"]["total_ms"] > 0 and cpu["onnx_runner"]["engine_ms"] > 0, cpu
+    assert "| rerank | intent-reranker | /rerank |" in (out / "results.md").read_text()
+
+
 def test_raw_is_the_limit_of_every_served_figure_of_its_backend(results) -> None:
     data, _ = results
     from loadtests.report import above_raw, backend_of

@@ -4,6 +4,7 @@ keeps the best of its measurements at the start and the end."""
 from __future__ import annotations
 
 import statistics
+from pathlib import Path
 
 from loadtests.raw_engine import ROW_COUNTS, TOKEN_BUDGETS, at_edge, best_of, sample
 from models import corpus
@@ -49,3 +50,22 @@ def test_a_best_plan_at_either_end_of_its_kind_s_sweep_is_flagged() -> None:
             f"{kind} {max(sizes)}, 1 session"
         )
         assert not any(at_edge(f"{kind} {size}, 2 lanes") for size in sorted(sizes)[1:-1])
+
+
+def test_the_task_rows_raw_inputs_are_what_their_requests_send(tmp_path: Path) -> None:
+    """The rerank and classify rows divide by a raw limit measured on the requests' own inputs:
+    each body's (query, text) pairs, or its texts, in order."""
+    import json
+
+    from loadtests import tasks
+
+    for task, key in (("rerank", "texts"), ("classify", "inputs")):
+        path, inputs = tasks.bodies(task, "m", tmp_path)
+        sent = [json.loads(line) for line in path.read_text().splitlines()]
+        assert len(sent) == len(inputs) == tasks.BODIES
+        for body, held in zip(sent, inputs, strict=True):
+            assert body["model"] == "m" and len(body[key]) == tasks.PER_REQUEST
+            if task == "rerank":
+                assert held == [(body["query"], text) for text in body["texts"]]
+            else:
+                assert held == body["inputs"]

@@ -94,6 +94,15 @@ def test_a_served_figure_above_its_own_backend_s_raw_is_named_as_a_wrong_limit()
     ]
 
 
+def test_a_rerank_or_classify_row_above_its_own_model_s_raw_is_a_wrong_limit_too() -> None:
+    run = results()
+    row = {"task": "rerank", "model": "r", "users": 8, "served_per_s": 99.0, "raw_per_s": 100.0}
+    run["tasks"] = [row, {**row, "task": "classify", "model": "c", "served_per_s": 100.0}]
+    assert above_raw(run) == []  # under it, and at it
+    row["served_per_s"] = 101.0
+    assert above_raw(run) == ["rerank r 8: 101 > 100"]
+
+
 def test_a_point_that_answered_nothing_says_so_in_its_row() -> None:
     run = results()
     assert "no answer" not in markdown(run)
