@@ -124,7 +124,7 @@ serve: models ## Serve the whole graph on $(HOST):$(PORT) (Swagger UI at /)
 	$(BENTOML) serve . --host $(HOST) --port $(PORT)
 
 TOOL_PATHS := PROMTOOL=$(PROMTOOL) HAPROXY_ROOT=$(HAPROXY_ROOT)
-check: models tools ## The inner loop, run it while working: lint, unit tests, in-process HTTP tests (under 3 minutes)
+check: models tools ## The inner loop, run it while working: lint, unit tests, in-process HTTP tests (under 3 minutes, unless the demo models train again)
 	@$(MAKE) --no-print-directory lint
 	$(TOOL_PATHS) $(PY) -m pytest tests/unit tests/http -n 2 -q
 

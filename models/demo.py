@@ -52,9 +52,10 @@ SEED = 0
 EPOCHS = 4
 LEARNING_RATE = 2e-4
 BATCH = 32
-# The reranker: pools of the cosine's first POOL held-out texts; per training query, POSITIVES
-# texts of its intent, HARD of the other intents' nearest HARD_FROM by cosine (what the pools hold)
-# and one text of a random other intent; a slower rate than the classifier's, which it starts from.
+# The reranker: pools of the cosine's first POOL held-out texts; per training query and epoch,
+# POSITIVES draws (with replacement) from its intent's other texts, HARD of the other intents'
+# nearest HARD_FROM by cosine (what the pools hold) and one text of a random other intent; a slower
+# rate than the classifier's, whose weights it starts from.
 POOL = 15
 POSITIVES, HARD, HARD_FROM = 2, 2, 10
 RERANK_EPOCHS = 3
@@ -108,6 +109,9 @@ def inputs_hash(name: str) -> str:
         digest.update(path.read_bytes())
     digest.update(sha256_file(base_dir() / "model.safetensors").encode())
     digest.update(" ".join(version(p) for p in ("torch", "transformers")).encode())
+    if (after := DEMOS[name].after) is not None:  # and the weights of the demo it starts from
+        start = built(after)
+        digest.update(sha256_file(start / "model.safetensors").encode() if start else b"none yet")
     return digest.hexdigest()[:16]
 
 
@@ -130,7 +134,9 @@ def checkpoint(name: str, log: Log = print) -> Path:
     if (done := built(name)) is not None:
         return done
     demo = DEMOS[name]
-    log(f"{name}: fine-tuning from {demo.start} on the intent templates …")
+    if demo.after is not None:  # built first: neither its time nor its failure is this demo's
+        checkpoint(demo.after, log)
+    log(f"{name}: fine-tuning from {demo.after or 'MiniLM'} on the intent templates …")
     started = time.perf_counter()
     work = OUT / f".{name}.partial"
     shutil.rmtree(work, ignore_errors=True)
@@ -293,7 +299,8 @@ def train_reranker(out: Path, log: Log) -> dict[str, Any]:
     import torch
     from transformers import AutoModelForSequenceClassification
 
-    start = checkpoint("intent-classifier", log)
+    start = built("intent-classifier")
+    assert start is not None  # checkpoint() trains the demo it starts from first
     torch.manual_seed(SEED)
     train, held = split_templates()
     examples = utterances(train, seed=1)
@@ -359,7 +366,9 @@ def train_reranker(out: Path, log: Log) -> dict[str, Any]:
 
 
 def _encode_pairs(tokenizer: Any, pairs: list[tuple[str, str]]) -> dict[str, Any]:
-    """Pairs as the served reranker truncates them: the text, never the query."""
+    """Pairs cut as the served reranker cuts them, the text and never the query (`only_second`);
+    at ``PAIR_MAX_LENGTH``, which no pair of the templates reaches, where the server cuts at the
+    model's own limit."""
     queries, texts = [q for q, _ in pairs], [t for _, t in pairs]
     return dict(
         tokenizer(
@@ -375,22 +384,21 @@ def _encode_pairs(tokenizer: Any, pairs: list[tuple[str, str]]) -> dict[str, Any
 
 @dataclass(frozen=True)
 class Demo:
-    """A demo: its trainer, what it starts from, and its gate (the ``figure`` of the trainer's
-    figures that must reach ``floor`` of them)."""
+    """A demo: its trainer, its gate (the ``figure`` of the trainer's figures that must reach
+    ``floor`` of them) and, where it starts from another demo's weights, that demo (``after``)."""
 
     train: Callable[[Path, Log], dict[str, Any]]
-    start: str
     figure: str
     floor: Callable[[dict[str, Any]], float]
     gate: str
     says: str  # the figure in words, for the build's log and its failure
     beside: Callable[[dict[str, Any]], str]  # what the log prints beside it
+    after: str | None = None
 
 
 DEMOS: dict[str, Demo] = {
     "intent-classifier": Demo(
         train_classifier,
-        start="MiniLM",
         figure="accuracy",
         floor=lambda _: MIN_ACCURACY,
         gate=f"held-out accuracy >= {MIN_ACCURACY}",
@@ -399,11 +407,11 @@ DEMOS: dict[str, Demo] = {
     ),
     "intent-reranker": Demo(
         train_reranker,
-        start="the demo classifier",
         figure="map",
         floor=lambda f: f["baseline_map"],
         gate="held-out MAP >= MiniLM's cosine's on the same pools",
         says="held-out MAP",
         beside=lambda f: f"MRR {f['mrr']:.3f}, the cosine's {f['baseline_mrr']:.3f}",
+        after="intent-classifier",
     ),
 }

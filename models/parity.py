@@ -2,8 +2,9 @@
 
 The backends are the engines the runners serve with (serving/engines) over the stored models, so
 what is checked is what is served; the gate is the one ``make models`` applies (models/checks.py):
-on at least 500 inputs, fp32 backends 0 flipped and a max |difference| of at most 1e-5, int8 at
-most 1 % flipped. Writes build/parity.json; exits 1 when a gate fails.
+on at least 500 inputs, fp32 backends 0 flipped and a max |difference| of at most 1e-5 (a rerank
+or classify model's relative to its largest logit where that is over 1, as are its figures here),
+int8 at most 1 % flipped. Writes build/parity.json; exits 1 when a gate fails.
 
     python -m models.parity [--catalogue PATH] [--out build/parity.json]
 """

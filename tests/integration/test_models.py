@@ -154,8 +154,9 @@ def test_int8_is_smoothed_and_quantised_in_every_weighted_matmul_but_the_kept_on
 
 def test_parity_report_per_model_and_backend(tmp_path: Path) -> None:
     """`make parity` on MiniLM's entry (every backend against PyTorch, recomputed); the demo
-    heads' figures as their build's gate stored them, held to the bound of MiniLM's fp32
-    (recomputing them would run the demos' PyTorch references in this test too)."""
+    heads' figures as their build's gate stored them, held to the same fp32 bound (relative to
+    each head's largest logit: models/checks.py); recomputing them would run the demos' PyTorch
+    references in this test too."""
     minilm = write_catalogue(
         tmp_path / "minilm.yaml", DEFAULT.model_dump(mode="json", exclude_none=True)
     )
@@ -369,7 +370,7 @@ def test_make_models_again_reuses_every_stored_model() -> None:
     )
     assert proc.returncode == 0, proc.stderr
     # The tokenizer and each backend of every model, and the tenants' SentencePiece model; the
-    # demo classifier is not trained again.
+    # demos are not trained again.
     entries = catalogue.load(catalogue.DEFAULT).models
     assert proc.stdout.count(" reused") == sum(1 + len(m.backends) for m in entries) + 1, (
         proc.stdout

@@ -49,7 +49,7 @@ def test_solo_sessions_stop_spinning_between_runs_and_the_others_keep_orts_defau
     from runners.onnx.service import SETTINGS
 
     lanes = SETTINGS.lane_count
-    # Every ONNX backend of every model of the catalogue (MiniLM's two, the demo classifier's one).
+    # Every ONNX backend of every model of the catalogue (MiniLM's two, each demo's one).
     served = catalogue.current().models
     assert set(runner.batchers) == {
         (m.name, b) for m in served for b in m.backends if b in ("onnx", "onnx-int8")

@@ -33,8 +33,13 @@ def test_a_head_is_held_to_its_largest_logit_and_a_small_head_or_a_cosine_to_the
     narrow = np.array([[0.9], [-0.8], [0.5]])  # every logit within 1: absolute
     figures = Fixed("rerank", narrow).parity(lambda _: narrow + near_zero)
     assert "max |difference| 1.50e-05" in str(parity_failure("onnx", figures))
-    wide_off = wide + np.array([[15 * off], [0.0], [0.0]])  # 1.5e-5 of the largest logit
-    assert parity_failure("onnx", Fixed("classify", wide).parity(lambda _: wide_off)) is not None
-    cosines = np.array([0.9, 0.2])
+    # A classifier's logits, one column a label: scaled by its largest logit too, so 1.5e-5 on a
+    # small logit passes, and 2.25e-5 of the largest (2.25e-4) does not.
+    labels = np.array([[10.0, 0.5], [-8.0, 0.2]])
+    small = labels + np.array([[0.0, off], [0.0, 0.0]])
+    assert parity_failure("onnx", Fixed("classify", labels).parity(lambda _: small)) is None
+    large = labels + np.array([[15 * off, 0.0], [0.0, 0.0]])
+    assert parity_failure("onnx", Fixed("classify", labels).parity(lambda _: large)) is not None
+    cosines = np.array([0.9, 0.2])  # never over 1: the bound is absolute
     figures = Fixed("embed", cosines).parity(lambda _: cosines + off)
     assert parity_failure("onnx", figures) is not None
