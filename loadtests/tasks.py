@@ -1,8 +1,8 @@
 """The benchmark's rerank and classify rows: the catalogue's first model of each task, served by
 the stack (``/rerank``: a query and 32 texts a request; ``/predict``: 32 texts), against the same
 model's raw engine on the same inputs (the pairs, or the texts, of the bodies the requests cycle
-through), with the CPU each request cost every process of the graph. A served figure above its raw limit fails the
-run as an embedding row's does (``report.above_raw``).
+through), with the CPU each request cost every process of the graph. A served figure above its raw
+limit fails the run as an embedding row's does (``report.above_raw``).
 """
 
 from __future__ import annotations
@@ -62,7 +62,9 @@ def measure(server: Server, out: Path, users: int, seconds: float, quick: bool) 
             continue
         backend = entry.backends[0]  # what the route serves the model on
         if backend not in ("onnx", "onnx-int8"):  # the raw engine is ONNX Runtime's
-            print(f"  {task}: {entry.name} is served on {backend}: no raw engine, no row")
+            print(
+                f"  {task}: {entry.name} is served on {backend}: no raw engine, no row", flush=True
+            )
             continue
         path, inputs = bodies(task, entry.name, out)
         raw_inputs = cast(Inputs, [x for body in inputs for x in body])  # one kind, as each body
