@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import shutil
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -27,12 +29,35 @@ def test_held_out_templates_are_never_trained_on() -> None:
     assert tests and not seen & {text for text, _ in tests}
 
 
+class FolderStore:
+    """models/store.py's ``existing`` and ``ensure`` on a folder: the machine's model store is not
+    the tests' to write."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+
+    def existing(self, tag: str) -> Any:
+        path = self.root / tag.replace(":", "-")
+        if not path.is_dir():
+            return None
+        metadata = json.loads((path / "model.yaml").read_text())
+        return SimpleNamespace(tag=tag, path=str(path), info=SimpleNamespace(metadata=metadata))
+
+    def ensure(self, artefact: Any) -> None:
+        path = self.root / artefact.tag.replace(":", "-")
+        path.mkdir(parents=True)
+        (path / "model.yaml").write_text(json.dumps(artefact.build(path)))
+
+
 @pytest.fixture
 def demos(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
     """The demo classifier's trainer replaced by one that writes a file and reports the held-out
     accuracy the test sets: the gate and the reuse are demo.checkpoint's own."""
     monkeypatch.setattr(demo, "OUT", tmp_path / "demo")
     monkeypatch.setattr(demo, "QUALITY", tmp_path / "quality.json")
+    kept = FolderStore(tmp_path / "store")
+    monkeypatch.setattr(demo.store, "existing", kept.existing)
+    monkeypatch.setattr(demo.store, "ensure", kept.ensure)
     trained: dict[str, Any] = {"calls": 0, "accuracy": 0.9}
 
     def trainer(out: Path, log: Any) -> dict[str, Any]:
@@ -53,11 +78,20 @@ def test_a_demo_below_its_gate_fails_the_build_and_leaves_no_checkpoint(
         demo.checkpoint("intent-classifier", log=lambda _: None)
     assert demo.built("intent-classifier") is None
     assert not list((tmp_path / "demo").iterdir())  # neither the checkpoint nor its partial copy
+    assert demo.from_store("intent-classifier") is None  # nor a copy for other clones
     recorded = json.loads((tmp_path / "quality.json").read_text())["intent-classifier"]
     assert recorded["accuracy"] < demo.MIN_ACCURACY and "below the gate" in recorded["failure"]
 
 
-def test_a_demo_is_trained_once_for_the_same_inputs(demos: dict[str, Any], tmp_path: Path) -> None:
+def other_inputs(monkeypatch: pytest.MonkeyPatch, *names: str) -> None:
+    """As if the templates, the recipe or the weights of ``names`` had changed."""
+    today = demo.inputs_hash
+    monkeypatch.setattr(demo, "inputs_hash", lambda n: "other" if n in names else today(n))
+
+
+def test_a_demo_is_trained_once_for_the_same_inputs(
+    demos: dict[str, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     entry = Entry(name="intents", source="demo:intent-classifier", task="classify")
     assert source.locate(entry, tmp_path, fetch=False) is None  # not trained, not training
     first = demo.checkpoint("intent-classifier", log=lambda _: None)
@@ -65,9 +99,26 @@ def test_a_demo_is_trained_once_for_the_same_inputs(demos: dict[str, Any], tmp_p
     assert first == again == demo.built("intent-classifier") and demos["calls"] == 1
     recorded = json.loads((tmp_path / "quality.json").read_text())["intent-classifier"]
     assert recorded["accuracy"] == 0.9 and "failure" not in recorded
-    (first / "inputs.sha").write_text("other inputs")
+    other_inputs(monkeypatch, "intent-classifier")
+    assert demo.built("intent-classifier") is None
     demo.checkpoint("intent-classifier", log=lambda _: None)
     assert demos["calls"] == 2
+
+
+def test_a_fresh_clone_copies_a_demo_from_the_model_store_instead_of_training_it(
+    demos: dict[str, Any], tmp_path: Path
+) -> None:
+    """What the store keeps is of today's inputs only (other inputs train again, above)."""
+    first = demo.checkpoint("intent-classifier", log=lambda _: None)
+    figures = json.loads((tmp_path / "quality.json").read_text())
+    shutil.rmtree(tmp_path / "demo")  # what a new clone of the repository lacks
+    (tmp_path / "quality.json").unlink()
+    said: list[str] = []
+    again = demo.checkpoint("intent-classifier", log=said.append)
+    assert demos["calls"] == 1 and again == first == demo.built("intent-classifier")
+    assert sorted(p.name for p in again.iterdir()) == ["config.json", "inputs.sha"]
+    assert json.loads((tmp_path / "quality.json").read_text()) == figures
+    assert said and "copied from the model store" in said[0] and "0.900 >= 0.750" in said[0]
 
 
 def test_an_unknown_demo_is_a_source_error_naming_those_there_are(tmp_path: Path) -> None:
@@ -112,14 +163,17 @@ def test_the_reranker_must_match_the_cosines_map_on_its_pools(reranker: dict[str
 
 
 def test_a_classifier_trained_again_trains_the_reranker_again(
-    demos: dict[str, Any], reranker: dict[str, Any]
+    demos: dict[str, Any], reranker: dict[str, Any], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     reranker["map"] = 0.9
     demo.checkpoint("intent-reranker", log=lambda _: None)
     assert (demos["calls"], reranker["calls"]) == (1, 1)
     demo.checkpoint("intent-reranker", log=lambda _: None)  # reused
     assert (demos["calls"], reranker["calls"]) == (1, 1)
-    (demo.OUT / "intent-classifier" / "inputs.sha").write_text("other inputs")
+    shutil.rmtree(demo.OUT)  # a fresh clone: both copied from the store, neither trained
+    demo.checkpoint("intent-reranker", log=lambda _: None)
+    assert (demos["calls"], reranker["calls"]) == (1, 1)
+    other_inputs(monkeypatch, "intent-classifier")
     assert demo.built("intent-reranker") is None  # stale with the weights it started from
     demo.checkpoint("intent-reranker", log=lambda _: None)  # new weights to start from
     assert (demos["calls"], reranker["calls"]) == (2, 2)
