@@ -16,7 +16,8 @@ from testkit.haproxy_ring import Ring
 from tests.containers.conftest import Stack
 
 REPLICAS = ["tenant-runner-1", "tenant-runner-2", "tenant-runner-3"]  # server ids 1, 2, 3
-TENANTS = [demo.tenant(index) for index in range(100, 150)]  # none of the other tests' tenants
+# None of the other tests' tenants; 30 fall 11, 10 and 9 on the three replicas (more only train longer).
+TENANTS = [demo.tenant(index) for index in range(100, 130)]
 PUBLIC = {spec.name for spec in TENANTS[:10]}  # asked through the public door first
 STOPPED = "tenant-runner-2"
 FAILOVER_S = 10
@@ -37,7 +38,7 @@ def all_replicas_up(stack: Stack) -> None:
 
 @pytest.fixture(scope="module")
 def tenants(stack: Stack) -> list[list]:
-    """50 demo tenants trained through the public API as ONNX models; [name, SentencePiece ids of
+    """30 demo tenants trained through the public API as ONNX models; [name, SentencePiece ids of
     a phrase]."""
     all_replicas_up(stack)
 
@@ -94,7 +95,7 @@ def test_the_replicas_load_each_tenant_once_not_once_each(placed: dict) -> None:
     loaded = {r: placed["after"][r]["loaded"] - placed["before"][r]["loaded"] for r in REPLICAS}
     loads = {r: placed["after"][r]["loads"] - placed["before"][r]["loads"] for r in REPLICAS}
     print(f"models loaded per replica: {loaded}")
-    assert sum(loaded.values()) == len(TENANTS), loaded  # not 3 x 50: each tenant on one replica
+    assert sum(loaded.values()) == len(TENANTS), loaded  # not 3 x 30: each tenant on one replica
     assert sum(loads.values()) == len(TENANTS), loads
 
 
