@@ -21,7 +21,8 @@ A demo is trained once and reused while its inputs are the same (``inputs_hash``
 sits in ``build/demo/NAME``, its gate figures in ``build/quality.json`` beside the parity report.
 A demo that passed its gate is also kept in the BentoML model store (``NAME-checkpoint``, with its
 figures), so that a fresh clone on a machine that trained it copies it instead of training again
-(minutes on two cores).
+(minutes on two cores). The store keeps one version of each: a clone whose demo inputs differ
+(another models/demo.py, other templates) trains, and replaces it.
 """
 
 from __future__ import annotations
@@ -143,7 +144,7 @@ def checkpoint(name: str, log: Log = print) -> Path:
     shutil.rmtree(work, ignore_errors=True)
     if (kept := from_store(name)) is not None:
         figures = kept.copy_to(work)
-        record(name, figures)
+        record(name, {**figures, "copied_from": kept.tag})  # train_seconds: when it was trained
         log(f"{name}: copied from the model store ({kept.tag}; its gate passed when trained: "
             f"{demo.says} {figures[demo.figure]:.3f} >= {demo.floor(figures):.3f})")  # fmt: skip
         return _in_place(name, work)
@@ -160,12 +161,13 @@ def checkpoint(name: str, log: Log = print) -> Path:
     if "failure" in figures:
         shutil.rmtree(work, ignore_errors=True)
         raise GateFailed(f"{name}: {figures['failure']}")
-    to_store(name, work, figures)
+    out = _in_place(name, work)
     log(
         f"{name}: trained in {figures['train_seconds']} s; gate passed ({demo.says} "
         f"{reached:.3f} >= {floor:.3f}; {demo.beside(figures)})"
     )
-    return _in_place(name, work)
+    to_store(name, out, figures, log)
+    return out
 
 
 def _in_place(name: str, work: Path) -> Path:
@@ -197,7 +199,10 @@ def _stored(
 
     def build(path: Path) -> dict[str, Any]:
         assert files is not None and figures is not None  # only to_store builds it
-        shutil.copytree(files, path, dirs_exist_ok=True)
+        # inputs.sha: the clone's stamp, written again by the clone that copies it
+        shutil.copytree(
+            files, path, dirs_exist_ok=True, ignore=shutil.ignore_patterns("inputs.sha")
+        )
         return {"figures": figures}
 
     inputs = {"demo": name, "inputs": inputs_hash(name)}
@@ -214,9 +219,14 @@ def from_store(name: str) -> Kept | None:
     return Kept(str(found.tag), Path(found.path), figures)
 
 
-def to_store(name: str, files: Path, figures: dict[str, Any]) -> None:
-    """Keep a demo that passed its gate, so that another clone on this machine copies it."""
-    store.ensure(_stored(name, files, figures))
+def to_store(name: str, files: Path, figures: dict[str, Any], log: Log = print) -> None:
+    """Keep a demo that passed its gate, so that another clone on this machine copies it. The
+    checkpoint is in place already: a store that cannot take it costs the next clone a training,
+    not this build its result."""
+    try:
+        store.ensure(_stored(name, files, figures))
+    except Exception as exc:  # the store's own errors are many (disk, permissions, a lock)
+        log(f"warning: {name} not kept in the model store ({type(exc).__name__}: {exc})")
 
 
 def record(name: str, figures: dict[str, Any]) -> None:

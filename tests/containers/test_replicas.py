@@ -16,7 +16,8 @@ from testkit.haproxy_ring import Ring
 from tests.containers.conftest import Stack
 
 REPLICAS = ["tenant-runner-1", "tenant-runner-2", "tenant-runner-3"]  # server ids 1, 2, 3
-# None of the other tests' tenants; 30 fall 11, 10 and 9 on the three replicas (more only train longer).
+# None of the other tests' tenants; the ring puts 10, 11 and 9 of these 30 on tenant-runner-1, -2
+# and -3 (more only train longer).
 TENANTS = [demo.tenant(index) for index in range(100, 130)]
 PUBLIC = {spec.name for spec in TENANTS[:10]}  # asked through the public door first
 STOPPED = "tenant-runner-2"

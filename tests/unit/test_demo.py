@@ -117,7 +117,9 @@ def test_a_fresh_clone_copies_a_demo_from_the_model_store_instead_of_training_it
     again = demo.checkpoint("intent-classifier", log=said.append)
     assert demos["calls"] == 1 and again == first == demo.built("intent-classifier")
     assert sorted(p.name for p in again.iterdir()) == ["config.json", "inputs.sha"]
-    assert json.loads((tmp_path / "quality.json").read_text()) == figures
+    copied = json.loads((tmp_path / "quality.json").read_text())["intent-classifier"]
+    kept = demo.from_store("intent-classifier")
+    assert kept is not None and copied == {**figures["intent-classifier"], "copied_from": kept.tag}
     assert said and "copied from the model store" in said[0] and "0.900 >= 0.750" in said[0]
 
 
