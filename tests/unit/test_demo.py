@@ -123,6 +123,20 @@ def test_a_fresh_clone_copies_a_demo_from_the_model_store_instead_of_training_it
     assert said and "copied from the model store" in said[0] and "0.900 >= 0.750" in said[0]
 
 
+def test_a_store_that_refuses_the_demo_costs_a_warning_not_the_training(
+    demos: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def full(artefact: Any) -> None:
+        raise OSError("No space left on device")
+
+    monkeypatch.setattr(demo.store, "ensure", full)
+    said: list[str] = []
+    out = demo.checkpoint("intent-classifier", log=said.append)
+    assert out == demo.built("intent-classifier") and (out / "config.json").is_file()
+    assert said[-1].startswith("warning: intent-classifier not kept in the model store (OSError")
+    assert demo.from_store("intent-classifier") is None
+
+
 def test_an_unknown_demo_is_a_source_error_naming_those_there_are(tmp_path: Path) -> None:
     entry = Entry(name="m", source="demo:nope", task="classify")
     with pytest.raises(source.SourceError, match=r"demo:nope is not a demo \(demos: intent-"):
