@@ -28,7 +28,8 @@ def test_a_start_is_logged_in_parts_and_read_back(caplog: pytest.LogCaptureFixtu
     with caplog.at_level("INFO", logger="bento_bundle.startup"):
         record = startup.done()
     assert record["load_s"] >= 0.02
-    assert record["total_s"] >= record["import_s"] + record["load_s"]
+    # each figure is rounded to the millisecond on its own: their sum may pass the total by that
+    assert record["total_s"] >= record["import_s"] + record["load_s"] - 0.002
     assert record["ready_at"] - record["started_at"] == pytest.approx(record["total_s"], abs=0.01)
     # As BentoML's log format writes it: a prefix, and the request's trace after the record.
     line = f"2026-11-29T04:00:00+0000 [INFO] [service:probe:1] {caplog.records[-1].getMessage()}"
