@@ -139,17 +139,30 @@ def checked(results: dict) -> list[dict]:
     return targets(results["rows"], results["ratios"], sorted(meta["users"]), meta["middle"])
 
 
-def above_raw(results: dict) -> list[str]:
-    """Served figures above their backend's raw limit (a rerank or classify row: its model's): the
-    limit would be wrong."""
+# How far a quick run's served figure may pass its raw limit before the limit is called wrong. A
+# quick run times raw once, at its start, on half the plans and ~300 texts, so a shared host's
+# slower minute there can leave it a few percent under a later served point; a limit that is wrong
+# (a plan, a thread layout or the texts not the stack's) misses by far more. A full run, the one
+# recorded, measures raw at its start and end and allows nothing.
+QUICK_SLACK = 0.2
+
+
+def above_raw(results: dict, slack: float | None = None) -> list[str]:
+    """Served figures above their backend's raw limit (a rerank or classify row: its model's) by
+    more than ``slack`` (by default ``QUICK_SLACK`` in a quick run, else none): the limit would be
+    wrong."""
+    if slack is None:
+        slack = QUICK_SLACK if results["meta"].get("quick") else 0.0
+    slack += 1
     return [
-        f"{r['system']} {r['workload']} {r['users']}: {r['sentences_per_s']:.0f} > {results['raw'][backend_of(r['system'])]['sentences_per_s']:.0f}"
+        f"{r['system']} {r['workload']} {r['users']}: {r['sentences_per_s']:.0f} > {limit:.0f}"
         for r in results["rows"]
-        if r["sentences_per_s"] > results["raw"][backend_of(r["system"])]["sentences_per_s"]
+        if r["sentences_per_s"]
+        > slack * (limit := results["raw"][backend_of(r["system"])]["sentences_per_s"])
     ] + [
         f"{t['task']} {t['model']} {t['users']}: {t['served_per_s']:.0f} > {t['raw_per_s']:.0f}"
         for t in results.get("tasks", [])
-        if t["served_per_s"] > t["raw_per_s"]
+        if t["served_per_s"] > slack * t["raw_per_s"]
     ]
 
 

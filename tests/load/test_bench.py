@@ -1,5 +1,5 @@
 """`BENCH_QUICK=1 make bench` works end to end and its figures hold together: every system measured
-once, the raw limit above every served figure of its backend, ratios and medians from the points,
+once, the raw limit above every served figure of its backend (within a quick run's slack), ratios and medians from the points,
 the CPU of every server process, the runner's split between its engine and the rest."""
 
 from __future__ import annotations
@@ -108,11 +108,12 @@ def test_rerank_and_classify_are_served_beside_their_raw_engine(results) -> None
 
 def test_raw_is_the_limit_of_every_served_figure_of_its_backend(results) -> None:
     data, _ = results
-    from loadtests.report import above_raw, backend_of
+    from loadtests.report import QUICK_SLACK, above_raw, backend_of
 
+    # a quick run's one raw measurement may sit under a served figure by up to its slack
     for row in data["rows"]:
         limit = data["raw"][backend_of(row["system"])]["sentences_per_s"]
-        assert row["sentences_per_s"] <= limit, row
+        assert row["sentences_per_s"] <= (1 + QUICK_SLACK) * limit, row
     assert above_raw(data) == []
     # raw is the best of both kinds of plan, each measured
     for backend in ("fp32", "int8"):

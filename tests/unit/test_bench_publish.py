@@ -1,6 +1,7 @@
 """What ``make bench`` does with a finished run (``bench.publish``): a run within its raw limits is
 recorded (loadtests/results/DATE.json, and loadtests/results/results.md regenerated from it) and
-exits 0; a run with a served figure above its backend's raw limit records nothing and exits 1.
+exits 0; a run with a served figure above its backend's raw limit records nothing and exits 1 (a
+quick run: only beyond its slack, and it warns within it).
 The run is the newest recorded one, published into a scratch copy of the tree's paths."""
 
 from __future__ import annotations
@@ -69,3 +70,21 @@ def test_a_served_figure_above_raw_records_nothing_and_exits_1(run, scratch, cap
     assert json.loads((scratch["out"] / "results.json").read_text()) == wrong
     err = capsys.readouterr().err
     assert "served above its raw limit" in err and f"{STACK} chat {chat['users']}" in err
+
+
+def test_a_quick_run_within_its_slack_above_raw_warns_and_exits_0(run, scratch, capsys) -> None:
+    quick = copy.deepcopy(run)
+    quick["meta"]["quick"] = True
+    bulk = next(
+        r
+        for r in quick["rows"]
+        if (r["system"], r["workload"], r["users"]) == (STACK, "bulk", quick["meta"]["middle"])
+    )
+    bulk["sentences_per_s"] = quick["raw"]["fp32"]["sentences_per_s"] * (1 + report.QUICK_SLACK / 2)
+    assert bench.publish(quick, record=False) == 0
+    err = capsys.readouterr().err
+    assert "error:" not in err
+    assert "warning: served above its raw limit" in err and f"{STACK} bulk {bulk['users']}" in err
+    bulk["sentences_per_s"] = quick["raw"]["fp32"]["sentences_per_s"] * (1 + 2 * report.QUICK_SLACK)
+    assert bench.publish(quick, record=False) == 1
+    assert "error: served above its raw limit" in capsys.readouterr().err

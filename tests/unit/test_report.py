@@ -5,7 +5,7 @@ run's own middle load."""
 from __future__ import annotations
 
 from loadtests.points import FASTAPI, HANDWRITTEN, INT8, NAIVE, NOBATCH, STACK, Point
-from loadtests.report import above_raw, markdown, ratios, restarts
+from loadtests.report import QUICK_SLACK, above_raw, markdown, ratios, restarts
 
 USERS = [1, 64]
 
@@ -92,6 +92,25 @@ def test_a_served_figure_above_its_own_backend_s_raw_is_named_as_a_wrong_limit()
         f"{INT8} chat {int8['users']}: 1601 > 1600",
         f"{FASTAPI} chat {fastapi['users']}: 1002 > 1000",
     ]
+
+
+def test_a_quick_run_calls_a_limit_wrong_only_beyond_its_slack() -> None:
+    """A quick run's raw is one measurement at its start: a served figure up to ``QUICK_SLACK``
+    above it is within that measurement's reach, beyond it the limit is wrong; a full run allows
+    nothing, and a caller may ask for the strict list of a quick run."""
+    run = results()
+    stack = next(r for r in run["rows"] if (r["system"], r["workload"]) == (STACK, "bulk"))
+    stack["sentences_per_s"] = 1000.0 * (1 + QUICK_SLACK)
+    run["tasks"] = [
+        {"task": "rerank", "model": "r", "users": 8, "served_per_s": 115.0, "raw_per_s": 100.0}
+    ]
+    strict = [f"{STACK} bulk {stack['users']}: 1200 > 1000", "rerank r 8: 115 > 100"]
+    assert above_raw(run) == strict  # a full run (meta without "quick")
+    run["meta"] = {**run["meta"], "quick": True}
+    assert above_raw(run) == []  # at 1.2x and 1.15x: within the slack
+    assert above_raw(run, slack=0.0) == strict
+    stack["sentences_per_s"] = 1201.0
+    assert above_raw(run) == [f"{STACK} bulk {stack['users']}: 1201 > 1000"]
 
 
 def test_a_rerank_or_classify_row_above_its_own_model_s_raw_is_a_wrong_limit_too() -> None:
