@@ -5,12 +5,16 @@ outside the network reaches. Takes a JSON command as its argument, prints JSON.
   {"classify": [[tenant, ids], ...], "times": 3}   each tenant's answers, in order, through the proxy
   {"stats": ["tenant-runner-1", ...]}              each replica's cache figures (/tenants/stats)
   {"active": "tenant-runners"}                      servers up in a proxy backend (its exporter)
+  {"batches": ["onnx-runner", ...]}                 each service's engine calls so far, by the model
+                                                   and backend they ran (its /metrics; a service of
+                                                   several replicas: the one its name resolved to)
   {"until_served": [[tenant, ids], ...], "seconds": 10}
                                                    every tenant asked in turn until it is answered:
                                                    seconds to its first 200 and what answered
 """
 
 import json
+import re
 import sys
 import time
 
@@ -63,6 +67,16 @@ def main(command: dict) -> dict:
                     if line.startswith(name)
                 )
             }
+        if "batches" in command:
+            found = {}
+            for name in command["batches"]:
+                calls = {}
+                for line in client.get(f"http://{name}:3000/metrics").text.splitlines():
+                    if line.startswith("bundle_batch_rows_count{"):
+                        labels = dict(re.findall(r'(\w+)="([^"]*)"', line))
+                        calls[labels["model"]] = float(line.split()[-1])
+                found[name] = calls
+            return found
         if "stats" in command:
             return {
                 name: client.post(f"http://{name}:3000/tenants/stats", json={}).json()

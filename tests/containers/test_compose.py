@@ -1,18 +1,21 @@
-"""The compose stack from real images (`make test-containers`): smoke, a headless Locust run with 0
-failures, Prometheus scraping every replica and the proxy with its rules evaluating, a runner
-restarted and the stack serving again, tenant models kept across re-creation. The stack itself is
-started once for the container tests (conftest.py)."""
+"""The compose stack from real images (`make test-containers`): smoke, each ONNX model in its own
+container, a headless Locust run with 0 failures, Prometheus scraping every replica and the proxy
+with its rules evaluating, a runner restarted and the stack serving again, tenant models kept
+across re-creation, requests answered across a runner scaled to zero and back. The stack itself
+is started once for the container tests (conftest.py)."""
 
 from __future__ import annotations
 
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import numpy as np
+import yaml
 
 from models import demo_tenants as demo
 from testkit.processes import ROOT
-from tests.containers.conftest import Stack, wait_serving
+from tests.containers.conftest import COMPOSE_FILES, Stack, wait_serving
 from tests.load.test_locust_smoke import run_locust
 
 PAIR = ["A man is eating food.", "A man is eating a piece of bread."]
@@ -43,6 +46,42 @@ def test_smoke_embed_similarity_tokenize(stack: Stack) -> None:
     assert ids["ids"] == [[101, 7592, 2088, 102]]
 
 
+# One container per ONNX model (deploy/compose/docker-compose.yml): each service and its model.
+MODEL_SERVICES = {
+    "onnx-runner": "all-MiniLM-L6-v2",
+    "onnx-runner-intent-classifier": "intent-classifier",
+    "onnx-runner-intent-reranker": "intent-reranker",
+}
+
+
+def test_each_onnx_model_is_served_by_its_own_container(stack: Stack) -> None:
+    """/predict and /rerank answer as the README says, and every ONNX runner service has run only
+    its own model's engine calls, the heads' services those of these two requests among them: the
+    proxy sent each call by its model (X-Bundle-Model) to the service named for it."""
+    before = stack.inside({"batches": list(MODEL_SERVICES)})
+    predicted = stack.client.post(
+        "/predict", json={"inputs": ["I forgot my password", "where is my order"]}
+    )
+    assert predicted.status_code == 200, predicted.text
+    best = [labels[0]["label"] for labels in predicted.json()["predictions"]]
+    assert best == ["reset_password", "order_status"]
+    ranked = stack.client.post(
+        "/rerank",
+        json={"query": "I forgot my password",
+              "texts": ["where is my order", "reset my password please"]},
+    )  # fmt: skip
+    assert ranked.status_code == 200, ranked.text
+    assert [r["index"] for r in ranked.json()] == [1, 0]
+    after = stack.inside({"batches": list(MODEL_SERVICES)})
+    for service, model in MODEL_SERVICES.items():
+        assert after[service] and {label.split("/")[0] for label in after[service]} == {model}, (
+            service, after[service],
+        )  # fmt: skip
+    for service in ("onnx-runner-intent-classifier", "onnx-runner-intent-reranker"):  # 1 replica
+        (label,) = after[service]
+        assert after[service][label] > before[service].get(label, 0), (before, after)
+
+
 def test_train_and_classify_a_tenant(stack: Stack) -> None:
     client = stack.client
     spec = demo.tenant(7)
@@ -67,7 +106,8 @@ def test_headless_locust_has_no_failures(stack: Stack) -> None:
 # Scrape job → the service name BentoML labels its series with. Replicas are targets of one job.
 JOBS = {"tokenizer": "tokenizer", "onnx-runner": "onnx_runner", "tf-runner": "tf_runner",
         "tenant-runner": "tenant_runner"}  # fmt: skip
-REPLICAS = {"tokenizer": 2, "onnx-runner": 2, "tf-runner": 1, "tenant-runner": 3, "proxy": 1}
+# The onnx-runner job: MiniLM's two replicas and the heads' one each (one container per model).
+REPLICAS = {"tokenizer": 2, "onnx-runner": 4, "tf-runner": 1, "tenant-runner": 3, "proxy": 1}
 # Recorded series the traffic above must have produced (tenant classify requests included).
 RECORDED = [
     "runner_name:bentoml_service_request:rate5m",
@@ -133,3 +173,58 @@ def test_tenant_models_survive_recreating_the_runners(stack: Stack) -> None:
         time.sleep(1)
     assert reply.status_code == 200, reply.text
     assert reply.json()["version"] == version["version"]
+
+
+COMPOSE = COMPOSE_FILES[0]
+WAITING = 8  # requests sent while MiniLM's ONNX runner has no replica
+
+
+def test_requests_to_a_runner_scaled_to_zero_wait_and_are_answered_once_it_is_up(
+    stack: Stack,
+) -> None:
+    """Scale to zero on compose (deploy/README.md): MiniLM's `onnx-runner` scaled to 0 with the
+    documented command, requests sent through the front door while the proxy has no replica of
+    it, then scaled back to 2: none refused, every answer the one from before. They wait in the
+    tokenizer (BUNDLE_TOKENIZER_REPLICA_WAIT_S in the compose file), which is what must cover the
+    new replica's cold start."""
+    spec = yaml.safe_load(COMPOSE.read_text())["services"]["tokenizer"]["environment"]
+    wait_s = float(spec["BUNDLE_TOKENIZER_REPLICA_WAIT_S"])
+    before = np.array(stack.client.post("/embed", json={"texts": PAIR}).json()["embeddings"])
+    url = f"{stack.client.base_url}".rstrip("/") + "/embed"
+
+    def scale(replicas: int) -> None:
+        stack.compose("up", "-d", "--no-deps", "--scale", f"onnx-runner={replicas}", "onnx-runner")
+
+    def active() -> float:
+        return stack.inside({"active": "onnx-runners"})["active"]
+
+    def until(replicas: float, seconds: float) -> None:
+        deadline = time.monotonic() + seconds
+        while active() != replicas:
+            assert time.monotonic() < deadline, f"the proxy did not see {replicas} replicas"
+            time.sleep(0.5)
+
+    def one(_: int) -> tuple[httpx.Response, float]:
+        reply = httpx.post(url, json={"texts": PAIR}, timeout=wait_s + 60)
+        return reply, time.monotonic()
+
+    try:
+        scale(0)
+        until(0, 60)
+        with ThreadPoolExecutor(WAITING) as pool:
+            futures = [pool.submit(one, i) for i in range(WAITING)]
+            time.sleep(2)
+            assert not [f.result()[0].text for f in futures if f.done()]  # none refused: waiting
+            scaled = time.monotonic()
+            scale(2)
+            answers = [f.result() for f in futures]
+    finally:
+        scale(2)
+        until(2, 180)  # as the other tests found it
+    for reply, _ in answers:
+        assert reply.status_code == 200, reply.text
+        assert np.allclose(np.array(reply.json()["embeddings"]), before, atol=1e-4)
+    took = sorted(answered - scaled for _, answered in answers)
+    print(
+        f"answered {took[0]:.1f}-{took[-1]:.1f} s after the scale-up began (wait: {wait_s:.0f} s)"
+    )

@@ -140,6 +140,40 @@ def test_compose_servers_are_the_compose_tenant_runners() -> None:
     ]
 
 
+def test_each_onnx_model_has_its_own_compose_service_and_proxy_backend() -> None:
+    """One container per model: every ONNX model of the default catalogue is served by exactly one
+    compose service (the same image, BUNDLE_ONNX_MODELS naming it), and a call naming the model
+    (X-Bundle-Model) reaches that service: the default embed model's through the default backend,
+    every other one's through the backend named for it."""
+    from serving import catalogue
+
+    models = [
+        m
+        for m in catalogue.load(catalogue.DEFAULT).models
+        if {"onnx", "onnx-int8"} & set(m.backends)
+    ]
+    default = catalogue.load(catalogue.DEFAULT).default("embed")
+    assert default is not None and len(models) > 1
+    spec = yaml.safe_load(COMPOSE.read_text())["services"]
+    image = spec["onnx-runner"]["image"]
+    served = {
+        name: service["environment"]["BUNDLE_ONNX_MODELS"]
+        for name, service in spec.items()
+        if service.get("image") == image
+    }
+    assert sorted(served.values()) == sorted(m.name for m in models)  # each model once, alone
+    cfg = COMPOSE_CFG.read_text()
+    frontend = section(cfg, "frontend onnx-runner")
+    assert "use_backend onnx-runners-%[req.hdr(X-Bundle-Model),lower]" in frontend
+    assert "default_backend onnx-runners" in frontend
+    for name, model in served.items():
+        backend = "onnx-runners" if model == default.name else f"onnx-runners-{model.lower()}"
+        templates = [line.split() for line in section(cfg, f"backend {backend}")
+                     if line.startswith("server-template")]  # fmt: skip
+        assert [(t[1], t[3]) for t in templates] == [(name, f"{name}:3000")], backend
+        assert f"nbsrv({backend}) lt 1" in " ".join(section(cfg, "frontend admin"))
+
+
 def test_kubernetes_servers_are_the_statefulsets_pods_up_to_the_hpas_maximum() -> None:
     docs = {doc["kind"]: doc for doc in yaml.safe_load_all(K8S_TENANTS.read_text())}
     most = docs["HorizontalPodAutoscaler"]["spec"]["maxReplicas"]

@@ -70,6 +70,9 @@ ref = {"embed_texts": spec["pair"], "classify_texts": spec["classify"], "pairs":
 ref["embeddings"] = http.post("/embed", json={"texts": spec["pair"]}).json()["embeddings"]
 ref["intents"] = http.post("/classify", json={"tenant": spec["tenant"], "texts": spec["classify"]}).json()["intents"]
 ref["scores"] = http.post("/similarity", json={"pairs": [spec["pair"]]}).json()["scores"]
+# the demo heads, each on its own runner service
+ref["predicted"] = [labels[0]["label"] for labels in http.post("/predict", json={"inputs": spec["predict"]}).json()["predictions"]]
+ref["ranked"] = [r["index"] for r in http.post("/rerank", json=spec["rerank"]).json()]
 print(json.dumps({"reference": ref, "ready_s": ready_s}))
 """
 
@@ -162,18 +165,16 @@ class Swarm:
         return [row for row in rows.splitlines() if len(set(row.split()[1].split("/"))) != 1]
 
     def replicas(self, service: str) -> tuple[int, int]:
-        running, desired = (
-            docker(
-                "service",
-                "ls",
-                "--filter",
-                f"name={self.stack}_{service}",
-                "--format",
-                "{{.Replicas}}",
-            )
-            .split()[0]
-            .split("/")
-        )
+        # `service ls --filter name=` matches a prefix (onnx-runner would match
+        # onnx-runner-intent-classifier too): the row of the exact name is taken.
+        rows = docker(
+            "service", "ls", "--filter", f"name={self.stack}_{service}",
+            "--format", "{{.Name}} {{.Replicas}}",
+        )  # fmt: skip
+        (replicas,) = [
+            r.split()[1] for r in rows.splitlines() if r.split()[0] == f"{self.stack}_{service}"
+        ]
+        running, desired = replicas.split("/")
         return int(running), int(desired)
 
 
@@ -340,7 +341,10 @@ def swarm() -> Iterator[Swarm]:
         cid = swarm.start_client(
             REFERENCE,
             {"url": "http://proxy:8080", "wait_s": 240, "tenant": TENANT.name,
-             "examples": examples, "pair": PAIR, "classify": [TENANT.train[0][0]]},
+             "examples": examples, "pair": PAIR, "classify": [TENANT.train[0][0]],
+             "predict": ["I forgot my password", "where is my order"],
+             "rerank": {"query": "I forgot my password",
+                        "texts": ["where is my order", "reset my password please"]}},
         )  # fmt: skip
         answer = swarm.finish_client(cid)
         swarm.reference = answer["reference"]
@@ -364,7 +368,7 @@ def swarm() -> Iterator[Swarm]:
         assert not found, found
 
 
-def test_smoke_embed_similarity_classify(swarm: Swarm) -> None:
+def test_smoke_embed_similarity_classify_predict_rerank(swarm: Swarm) -> None:
     ref = swarm.reference
     vectors = np.array(ref["embeddings"])
     assert vectors.shape == (2, 384)
@@ -372,6 +376,10 @@ def test_smoke_embed_similarity_classify(swarm: Swarm) -> None:
     assert abs(ref["scores"][0] - 0.755) < 0.01
     assert ref["intents"] == [TENANT.train[0][1]]
     assert swarm.replicas("tokenizer") == (2, 2) and swarm.replicas("onnx-runner") == (2, 2)
+    # One ONNX runner service per model: the heads answer from theirs as the README says.
+    assert ref["predicted"] == ["reset_password", "order_status"] and ref["ranked"] == [1, 0]
+    for service in ("onnx-runner-intent-classifier", "onnx-runner-intent-reranker"):
+        assert swarm.replicas(service) == (1, 1), service
 
 
 def test_killed_replicas_are_replaced_and_nothing_answers_wrong(swarm: Swarm) -> None:

@@ -47,7 +47,9 @@ def tool(name: str) -> str:
 
 OVERRIDE = COMPOSE.with_name("docker-compose.override.yml")
 TENANT_RUNNERS = {"tenant-runner-1", "tenant-runner-2", "tenant-runner-3"}
-RUNNERS = {"onnx-runner", "tf-runner"} | TENANT_RUNNERS
+# One ONNX runner service per model of the default catalogue (MiniLM's keeps the plain name).
+ONNX_RUNNERS = {"onnx-runner", "onnx-runner-intent-classifier", "onnx-runner-intent-reranker"}
+RUNNERS = ONNX_RUNNERS | {"tf-runner"} | TENANT_RUNNERS
 
 
 def compose_config(*paths: Path) -> subprocess.CompletedProcess[str]:

@@ -52,12 +52,16 @@ def test_the_config_is_valid_and_scrapes_every_service() -> None:
     config = yaml.safe_load((HERE / "prometheus.yml").read_text())
     jobs = {job["job_name"]: job for job in config["scrape_configs"]}
     compose = yaml.safe_load((ROOT / "deploy" / "compose" / "docker-compose.yml").read_text())
-    # Stateless services: every replica their name resolves to (compose and Swarm's dnsrr).
-    for service in ("tokenizer", "onnx-runner", "tf-runner"):
-        assert service in compose["services"]
-        assert jobs[service]["dns_sd_configs"] == [
-            {"names": [service], "type": "A", "port": 3000, "refresh_interval": "5s"}
+    # Stateless services: every replica their name resolves to (compose and Swarm's dnsrr); the
+    # ONNX runner's one service per model, every one of them, in one job.
+    onnx_runners = [n for n in compose["services"] if n.startswith("onnx-runner")]
+    for job, services in (("tokenizer", ["tokenizer"]), ("onnx-runner", onnx_runners),
+                          ("tf-runner", ["tf-runner"])):  # fmt: skip
+        assert set(services) <= set(compose["services"])
+        assert jobs[job]["dns_sd_configs"] == [
+            {"names": services, "type": "A", "port": 3000, "refresh_interval": "5s"}
         ]
+    assert len(onnx_runners) == 3
     # Tenant runners: one service each, one job (BentoML labels their series tenant_runner).
     tenant_runners = sorted(n for n in compose["services"] if n.startswith("tenant-runner-"))
     assert jobs["tenant-runner"]["static_configs"][0]["targets"] == [
