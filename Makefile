@@ -120,8 +120,10 @@ profile: models wrk ## Where a chat request's CPU goes in the tokenizer and the 
 chaos: models ## Overload at 4x capacity, recovery, workers SIGKILLed under load (PHASE_S seconds a phase)
 	$(PY) -m loadtests.chaos --seconds $(or $(PHASE_S),20)
 
-cold-start: models ## The whole graph from a start to ready and to its first correct answer, median of STARTS (5); records loadtests/results
-	$(PY) -m loadtests.cold_start --starts $(or $(STARTS),5) --record
+cold-start: models ## The graph, then each image, from a start to ready and to its first correct answer, median of STARTS (5); records loadtests/results
+	@status=0; $(ENGINE) start && $(BASE_IMAGE_CMD) && $(IMAGES_CMD) \
+	  && PATH=$(DOCKER_PATH) $(PY) -m loadtests.cold_start --starts $(or $(STARTS),5) --record --images \
+	  || status=$$?; $(ENGINE) stop; exit $$status
 
 soak: models ## Every endpoint mixed at ~70 % of capacity for SOAK_S seconds (600): memory and fds must not grow
 	$(PY) -m loadtests.soak --seconds $(or $(SOAK_S),600)
@@ -176,9 +178,9 @@ images: models base-image ## bentoml containerize each bento, the proxy's and Pr
 
 # Each in one shell line, so that the engine the target started is stopped whatever fails before.
 DOCKER_PYTEST := PATH=$(DOCKER_PATH) IMAGE_TAG=$(IMAGE_TAG) $(PY) -m pytest -p no:cacheprovider
-COMPOSE_TESTS := $(DOCKER_PYTEST) tests/containers
+COMPOSE_TESTS := $(DOCKER_PYTEST) tests/containers -rP
 SWARM_TESTS := $(DOCKER_PYTEST) tests/swarm -rP
-test-containers: models ## The compose stack from real images: smoke, Locust, a restart; stops what it started
+test-containers: models ## Real images: two images' cold start, then the compose stack: smoke, a container per model, Locust, a restart, a runner scaled from zero; stops what it started
 	@status=0; $(ENGINE) start && $(BASE_IMAGE_CMD) && $(IMAGES_CMD) && $(COMPOSE_TESTS) \
 	  || status=$$?; $(ENGINE) stop; exit $$status
 

@@ -1,7 +1,8 @@
 """Cold start: from a start of the whole graph (``bentoml serve .``) to ready and to its first correct
-answer, that answer against the steady state, the graph at rest; then each of ``ALONE`` by itself.
+answer, that answer against the steady state, the graph at rest; then each of ``ALONE`` by itself;
+with ``--images``, each image's container (loadtests/cold_start_images.py).
 
-    python -m loadtests.cold_start [--starts 5] [--steady 30] [--idle 10] [--record]
+    python -m loadtests.cold_start [--starts 5] [--steady 30] [--idle 10] [--record] [--images]
 
 A correct answer is the one the same server gives once warm. Each service logs its start in parts
 (serving/startup.py), read from the server's log. At rest, each service's first worker and BentoML's
@@ -208,10 +209,17 @@ def render(result: dict[str, Any]) -> str:
     alone = {name: found["median"] for name, found in result.get("alone", {}).items()}
     lines += table("service alone", ["first correct answer", "ready", *parts[1:4]], alone, " s")
     rest = ["CPU (share of a core)", "wake-ups per second", "resident MB"]
-    return "\n".join(lines + table("at rest", rest, m["at_rest"]))
+    lines += table("at rest", rest, m["at_rest"])
+    if images := {name: found["median"] for name, found in result.get("images", {}).items()}:
+        heads = ["container started", "worker started", "import", "model load", "warm-up",
+                 "ready", "first correct answer", "first ms", "steady p50 ms", "first / p50"]  # fmt: skip
+        lines += table("image (`docker run` to …, s)", heads, images)
+    return "\n".join(lines)
 
 
-def run(starts: int, steady: int, idle: float, services: bool = True) -> dict[str, Any]:
+def run(
+    starts: int, steady: int, idle: float, services: bool = True, images: bool = False
+) -> dict[str, Any]:
     measured = commit()  # the code the servers start with, not what the tree holds at the end
     graph = repeated("start", starts, lambda index: one_start(index, steady, idle))
     by_itself: dict[str, Any] = {}
@@ -229,9 +237,17 @@ def run(starts: int, steady: int, idle: float, services: bool = True) -> dict[st
             by_itself["tokenizer"] = repeated(
                 "tokenizer alone", starts, alone_in("tokenizer", urls)
             )
+    containers: dict[str, Any] = {}
+    if images:
+        from loadtests import cold_start_images
+
+        found = cold_start_images.measure(list(cold_start_images.IMAGES), starts, steady=steady)
+        containers = {
+            name: {"starts": runs, "median": medians(runs)} for name, runs in found.items()
+        }
     command = "python -m loadtests.cold_start " + " ".join(sys.argv[1:])
     meta = {**record_meta(measured), "command": command}
-    return {"meta": meta, **graph, "alone": by_itself}
+    return {"meta": meta, **graph, "alone": by_itself, "images": containers}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -240,8 +256,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steady", type=int, default=30, help="answers after the first")
     parser.add_argument("--idle", type=float, default=10.0, help="seconds watched at rest")
     parser.add_argument("--record", action="store_true", help="write loadtests/results/")
+    parser.add_argument(
+        "--images", action="store_true", help="each image too (a Docker engine and `make images`)"
+    )
     args = parser.parse_args(argv)
-    result = run(args.starts, args.steady, args.idle)
+    result = run(args.starts, args.steady, args.idle, images=args.images)
     print(render(result))
     if args.record:
         path = RESULTS / f"{result['meta']['date'][:10]}.json"

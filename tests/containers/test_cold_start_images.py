@@ -1,0 +1,41 @@
+"""The images' part of `make cold-start` (loadtests/cold_start_images.py), bounded: one start of
+the ONNX runner's image and one of the tokenizer's (with the three runners beside it), each from
+`docker run` to ready and to its first correct answer (the module raises if that answer is not
+the warm one), its parts from its own log. No assertion is a speed; every container and network
+it made is gone after."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from loadtests import cold_start_images as images
+
+MEASURED = ["onnx-runner", "tokenizer"]
+
+
+@pytest.fixture(scope="module")
+def found() -> dict:
+    result = images.measure(MEASURED, starts=1, steady=5)
+    print(json.dumps(result, indent=1))
+    return result
+
+
+def test_each_image_is_timed_from_docker_run_to_its_first_correct_answer(found: dict) -> None:
+    assert set(found) == set(MEASURED)
+    for name, (start,) in found.items():
+        # in the order they happen, each after `docker run` was called
+        assert 0 <= start["container_started_s"] <= start["worker_started_s"], (name, start)
+        parts = start["import_s"] + start["load_s"] + start["warm_up_s"]
+        assert start["import_s"] > 0 and start["warm_up_s"] > 0, (name, start)
+        # ready (the probe) only once the worker's warm-up is over; answered after
+        assert start["worker_started_s"] + parts <= start["ready_s"] + 0.05, (name, start)
+        assert start["ready_s"] < start["first_answer_s"], (name, start)
+        assert start["first_ms"] > 0 and start["steady_p50_ms"] > 0, (name, start)
+
+
+def test_nothing_is_left_behind(found: dict) -> None:
+    label = f"label={images.LABEL}"
+    assert found and images.docker("ps", "-aq", "--filter", label) == ""
+    assert images.docker("network", "ls", "-q", "--filter", label) == ""

@@ -1,0 +1,36 @@
+"""What `make cold-start` compares and prints, without starting anything: an image's first answer
+is its warm one, timings aside (loadtests/cold_start_images.same), and the record renders a row per
+image where it has them (loadtests/cold_start.render)."""
+
+from __future__ import annotations
+
+import json
+
+from loadtests import cold_start
+from loadtests.cold_start_images import MAX_ABS_DIFF, same
+from testkit.processes import ROOT
+
+
+def test_an_answer_is_the_warm_one_when_only_its_timings_differ() -> None:
+    warm = {"embeddings": [[0.25, -0.5]], "queue_ms": 1.0, "model": "m", "tokens": [3]}
+    assert same({**warm, "queue_ms": 9.0, "inference_ms": 4.0}, warm)
+    assert same({**warm, "embeddings": [[0.25 + MAX_ABS_DIFF / 2, -0.5]]}, warm)
+    assert not same({**warm, "embeddings": [[0.25 + 2 * MAX_ABS_DIFF, -0.5]]}, warm)
+    assert not same({**warm, "embeddings": [[0.25]]}, warm)  # a row cut short
+    assert not same({**warm, "model": "other"}, warm)
+    assert not same({**warm, "tokens": [4]}, warm)
+    assert same([], []) and not same(["a"], [])  # a tenant runner's listing
+
+
+def test_a_record_with_images_renders_a_row_per_image() -> None:
+    recorded = sorted((ROOT / "loadtests" / "results" / "cold-start").glob("*.json"))[-1]
+    result = json.loads(recorded.read_text())
+    image = {"container_started_s": 0.5, "worker_started_s": 1.5, "import_s": 3.0,
+             "load_s": 1.0, "warm_up_s": 2.0, "ready_s": 8.0, "first_answer_s": 8.1,
+             "first_ms": 12.0, "steady_p50_ms": 10.0, "first_over_steady": 1.2}  # fmt: skip
+    result["images"] = {"onnx-runner": {"starts": [image], "median": image}}
+    text = cold_start.render(result)
+    assert "| image (`docker run` to …, s) | container started |" in text
+    assert "| onnx-runner | 0.5 | 1.5 | 3.0 | 1.0 | 2.0 | 8.0 | 8.1 | 12.0 | 10.0 | 1.2 |" in text
+    result["images"] = {}
+    assert "| image" not in cold_start.render(result)  # a record of the graph alone
