@@ -140,10 +140,10 @@ def checked(results: dict) -> list[dict]:
 
 
 # How far a quick run's served figure may pass its raw limit before the limit is called wrong. A
-# quick run times raw once, at its start, on half the plans and ~300 texts, so a shared host's
-# slower minute there can leave it a few percent under a later served point; a limit that is wrong
-# (a plan, a thread layout or the texts not the stack's) misses by far more. A full run, the one
-# recorded, measures raw at its start and end and allows nothing.
+# quick run times each raw limit once, on half the plans (the embedding rows' at its start, on ~300
+# texts), so a shared host's slower minute there can leave it a few percent under a served point;
+# a limit that is wrong (a plan, a thread layout or inputs not the stack's) misses by more. A full
+# run, the one recorded, allows nothing.
 QUICK_SLACK = 0.2
 
 

@@ -106,14 +106,17 @@ def test_rerank_and_classify_are_served_beside_their_raw_engine(results) -> None
     assert "| rerank | intent-reranker | /rerank |" in (out / "results.md").read_text()
 
 
-def test_raw_is_the_limit_of_every_served_figure_of_its_backend(results) -> None:
+def test_raw_is_the_limit_of_every_served_figure_of_its_backend_within_a_quick_runs_slack(
+    results,
+) -> None:
     data, _ = results
     from loadtests.report import QUICK_SLACK, above_raw, backend_of
 
     # a quick run's one raw measurement may sit under a served figure by up to its slack
+    slack = 1 + (QUICK_SLACK if data["meta"]["quick"] else 0.0)
     for row in data["rows"]:
         limit = data["raw"][backend_of(row["system"])]["sentences_per_s"]
-        assert row["sentences_per_s"] <= (1 + QUICK_SLACK) * limit, row
+        assert row["sentences_per_s"] <= slack * limit, row
     assert above_raw(data) == []
     # raw is the best of both kinds of plan, each measured
     for backend in ("fp32", "int8"):
