@@ -120,7 +120,10 @@ profile: models wrk ## Where a chat request's CPU goes in the tokenizer and the 
 chaos: models ## Overload at 4x capacity, recovery, workers SIGKILLed under load (PHASE_S seconds a phase)
 	$(PY) -m loadtests.chaos --seconds $(or $(PHASE_S),20)
 
+# The graph first, with no Docker engine started for this; then the engine, the images, and each
+# image's starts added to the same record.
 cold-start: models ## The graph, then each image, from a start to ready and to its first correct answer, median of STARTS (5); records loadtests/results
+	$(PY) -m loadtests.cold_start --starts $(or $(STARTS),5) --record
 	@status=0; $(ENGINE) start && $(BASE_IMAGE_CMD) && $(IMAGES_CMD) \
 	  && PATH=$(DOCKER_PATH) $(PY) -m loadtests.cold_start --starts $(or $(STARTS),5) --record --images \
 	  || status=$$?; $(ENGINE) stop; exit $$status

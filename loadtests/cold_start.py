@@ -1,6 +1,8 @@
 """Cold start: from a start of the whole graph (``bentoml serve .``) to ready and to its first correct
 answer, that answer against the steady state, the graph at rest; then each of ``ALONE`` by itself;
-with ``--images``, each image's container (loadtests/cold_start_images.py).
+``--images`` instead measures each image's container (loadtests/cold_start_images.py) and adds
+them to the day's record (``make cold-start`` runs the graph first, with no Docker engine running,
+then starts one for the images).
 
     python -m loadtests.cold_start [--starts 5] [--steady 30] [--idle 10] [--record] [--images]
 
@@ -217,9 +219,7 @@ def render(result: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def run(
-    starts: int, steady: int, idle: float, services: bool = True, images: bool = False
-) -> dict[str, Any]:
+def run(starts: int, steady: int, idle: float, services: bool = True) -> dict[str, Any]:
     measured = commit()  # the code the servers start with, not what the tree holds at the end
     graph = repeated("start", starts, lambda index: one_start(index, steady, idle))
     by_itself: dict[str, Any] = {}
@@ -237,17 +237,22 @@ def run(
             by_itself["tokenizer"] = repeated(
                 "tokenizer alone", starts, alone_in("tokenizer", urls)
             )
-    containers: dict[str, Any] = {}
-    if images:
-        from loadtests import cold_start_images
-
-        found = cold_start_images.measure(list(cold_start_images.IMAGES), starts, steady=steady)
-        containers = {
-            name: {"starts": runs, "median": medians(runs)} for name, runs in found.items()
-        }
     command = "python -m loadtests.cold_start " + " ".join(sys.argv[1:])
     meta = {**record_meta(measured), "command": command}
-    return {"meta": meta, **graph, "alone": by_itself, "images": containers}
+    return {"meta": meta, **graph, "alone": by_itself}
+
+
+def with_images(result: dict[str, Any], starts: int, steady: int) -> dict[str, Any]:
+    """``result`` (a record of the graph) with each image's starts and their medians added, and
+    how and on what code they were measured."""
+    from loadtests import cold_start_images
+
+    measured = commit()
+    found = cold_start_images.measure(list(cold_start_images.IMAGES), starts, steady=steady)
+    images = {name: {"starts": runs, "median": medians(runs)} for name, runs in found.items()}
+    command = "python -m loadtests.cold_start " + " ".join(sys.argv[1:])
+    meta = {**result["meta"], "images": {**record_meta(measured), "command": command}}
+    return {**result, "meta": meta, "images": images}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -257,10 +262,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--idle", type=float, default=10.0, help="seconds watched at rest")
     parser.add_argument("--record", action="store_true", help="write loadtests/results/")
     parser.add_argument(
-        "--images", action="store_true", help="each image too (a Docker engine and `make images`)"
+        "--images",
+        action="store_true",
+        help="each image instead, added to the day's record (a Docker engine and `make images`)",
     )
     args = parser.parse_args(argv)
-    result = run(args.starts, args.steady, args.idle, images=args.images)
+    if args.images:
+        recorded = RESULTS / f"{time.strftime('%Y-%m-%d', time.gmtime())}.json"
+        if not recorded.exists():
+            raise SystemExit(f"error: no record of the graph today ({recorded}): run it first")
+        result = with_images(json.loads(recorded.read_text()), args.starts, args.steady)
+    else:
+        result = run(args.starts, args.steady, args.idle)
     print(render(result))
     if args.record:
         path = RESULTS / f"{result['meta']['date'][:10]}.json"

@@ -29,13 +29,21 @@ logger = logging.getLogger("bento_bundle.startup")
 logging.getLogger("bento_bundle").setLevel(logging.INFO)
 
 
+def process_started() -> float:
+    """When this process started, as a Unix time: the kernel's record of it (so the import part
+    includes the interpreter's own start). psutil's create time adds that record, counted from boot,
+    to the boot time in whole seconds (/proc/stat), so it is early by the boot time's fraction;
+    counted back from the boot clock instead, it is exact to the kernel's tick."""
+    since_boot = psutil.Process().create_time() - psutil.boot_time()
+    return time.time() - (time.clock_gettime(time.CLOCK_BOOTTIME) - since_boot)
+
+
 class Startup:
-    """The parts of one process's start, timed from its own start (``psutil``'s create time, the
-    kernel's record of it, so the import part includes the interpreter's own start)."""
+    """The parts of one process's start, timed from its own start (``process_started``)."""
 
     def __init__(self, service: str) -> None:
         self.service = service
-        self.began = psutil.Process().create_time()
+        self.began = process_started()
         self.parts: dict[str, float] = {"import_s": time.time() - self.began}
 
     @contextmanager

@@ -20,6 +20,9 @@ def test_an_answer_is_the_warm_one_when_only_its_timings_differ() -> None:
     assert not same({**warm, "model": "other"}, warm)
     assert not same({**warm, "tokens": [4]}, warm)
     assert same([], []) and not same(["a"], [])  # a tenant runner's listing
+    # a field missing or of another type on one side: not the same answer, and no exception
+    assert not same({**warm, "embeddings": [[None, -0.5]]}, warm)
+    assert not same({"score": "0.5"}, {"score": 0.5}) and not same({"n": True}, {"n": 1})
 
 
 def test_a_record_with_images_renders_a_row_per_image() -> None:

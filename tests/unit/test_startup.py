@@ -67,6 +67,20 @@ print(json.dumps({**loaded, "onnx_refused": refused or None}))
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
+def test_a_process_s_start_is_after_it_was_launched_and_before_its_first_line() -> None:
+    """The start is the kernel's, exact to its tick: never before the parent launched the process
+    (psutil's create time alone was early by the boot time's fraction of a second, so the import
+    part was long by as much and the worker's start early) and never after the child's first line."""
+    child = "import time; first = time.time(); from serving.startup import process_started; print(first, process_started())"
+    launched = time.time()
+    out = subprocess.run(
+        [sys.executable, "-c", child], cwd=ROOT, capture_output=True, text=True, check=True
+    ).stdout
+    first, started = map(float, out.split())
+    tick = 1 / os.sysconf("SC_CLK_TCK")
+    assert launched - tick <= started <= first, (launched, started, first)
+
+
 def test_a_heads_only_tenant_runner_starts_without_either_runtime(tmp_path: Path) -> None:
     heads_only = started("[]", tmp_path)
     assert (heads_only["tensorflow"], heads_only["onnxruntime"]) == (False, False)
