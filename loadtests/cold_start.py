@@ -1,7 +1,7 @@
 """Cold start: from a start of the whole graph (``bentoml serve .``) to ready and to its first correct
 answer, that answer against the steady state, the graph at rest; then each of ``ALONE`` by itself;
 ``--images`` instead measures each image's container (loadtests/cold_start_images.py) and adds
-them to the day's record (``make cold-start`` runs the graph first, with no Docker engine running,
+them to the graph's last record (``make cold-start`` runs the graph first, with no Docker engine running,
 then starts one for the images).
 
     python -m loadtests.cold_start [--starts 5] [--steady 30] [--idle 10] [--record] [--images]
@@ -20,6 +20,7 @@ import statistics
 import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -215,7 +216,7 @@ def render(result: dict[str, Any]) -> str:
     if images := {name: found["median"] for name, found in result.get("images", {}).items()}:
         heads = ["container started", "worker started", "import", "model load", "warm-up",
                  "ready", "first correct answer", "first ms", "steady p50 ms", "first / p50"]  # fmt: skip
-        lines += table("image (`docker run` to …, s)", heads, images)
+        lines += table("image (from its launch, s)", heads, images)
     return "\n".join(lines)
 
 
@@ -255,6 +256,23 @@ def with_images(result: dict[str, Any], starts: int, steady: int) -> dict[str, A
     return {**result, "meta": meta, "images": images}
 
 
+# Where the graph's last recorded run is, for ``--images`` to add to: named by its date, which a
+# run that ends after midnight (UTC) does not share with the images' step.
+LAST = ROOT / "build" / "cold-start" / "graph-record"
+
+
+def graph_record(measured: str) -> Path:
+    """The record the graph's last ``--record`` run wrote, which ``--images`` adds to: refused if
+    there is none, or if it was measured at another commit than ``measured`` (the record itself
+    leaves the tree changed, so only the commits are compared)."""
+    if not LAST.exists() or not (recorded := Path(LAST.read_text().strip())).exists():
+        raise SystemExit("error: no recorded run of the graph to add the images to: run it first")
+    graph = json.loads(recorded.read_text())["meta"]["commit"]
+    if graph.split("+")[0] != measured.split("+")[0]:
+        raise SystemExit(f"error: {recorded} was measured on {graph}, this tree is {measured}")
+    return recorded
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--starts", type=int, default=5)
@@ -264,21 +282,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--images",
         action="store_true",
-        help="each image instead, added to the day's record (a Docker engine and `make images`)",
+        help="each image instead, added to the graph's last record (a Docker engine, `make images`)",
     )
     args = parser.parse_args(argv)
     if args.images:
-        recorded = RESULTS / f"{time.strftime('%Y-%m-%d', time.gmtime())}.json"
-        if not recorded.exists():
-            raise SystemExit(f"error: no record of the graph today ({recorded}): run it first")
-        result = with_images(json.loads(recorded.read_text()), args.starts, args.steady)
+        path = graph_record(commit())
+        result = with_images(json.loads(path.read_text()), args.starts, args.steady)
     else:
         result = run(args.starts, args.steady, args.idle)
+        path = RESULTS / f"{result['meta']['date'][:10]}.json"
     print(render(result))
     if args.record:
-        path = RESULTS / f"{result['meta']['date'][:10]}.json"
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(result, indent=1) + "\n")
+        LAST.parent.mkdir(parents=True, exist_ok=True)
+        LAST.write_text(f"{path}\n")
         print(f"recorded in {path.relative_to(ROOT)}")
     return 0
 

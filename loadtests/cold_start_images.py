@@ -1,6 +1,6 @@
-"""Cold start of each image: from ``docker run`` to ready (``/readyz``) and to its first correct
-answer, that answer's latency against the steady p50, and the parts its log records (import, model
-load, warm-up). ``make cold-start`` runs it after the graph's starts (``cold_start.py --images``).
+"""Cold start of each image: from its launch (``docker create``, then start) to ready (``/readyz``)
+and to its first correct answer, that answer's latency against the steady p50, and the parts its
+log records (import, model load, warm-up). ``make cold-start`` runs it after the graph's starts (``cold_start.py --images``).
 
 Needs a Docker engine and the images (``make images``, tagged ``IMAGE_TAG``, default latest);
 ``docker`` is Debian's client (``PATH=/usr/bin:$PATH``). Each container runs the stack's command

@@ -34,8 +34,13 @@ def process_started() -> float:
     includes the interpreter's own start). psutil's create time adds that record, counted from boot,
     to the boot time in whole seconds (/proc/stat), so it is early by the boot time's fraction;
     counted back from the boot clock instead, it is exact to the kernel's tick."""
+    boot_clock = getattr(time, "CLOCK_BOOTTIME", None)
+    if boot_clock is None:  # not Linux: psutil's own figure
+        return float(psutil.Process().create_time())
     since_boot = psutil.Process().create_time() - psutil.boot_time()
-    return time.time() - (time.clock_gettime(time.CLOCK_BOOTTIME) - since_boot)
+    # The boot clock read first: a pause between the two reads makes the start late, never early.
+    age = time.clock_gettime(boot_clock) - since_boot
+    return time.time() - age
 
 
 class Startup:

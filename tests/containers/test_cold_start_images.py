@@ -1,6 +1,6 @@
 """The images' part of `make cold-start` (loadtests/cold_start_images.py), bounded: one start of
 the ONNX runner's image and one of the tokenizer's (with the three runners beside it), each from
-`docker run` to ready and to its first correct answer (the module raises if that answer is not
+its launch (`docker create`, then start) to ready and to its first correct answer (the module raises if that answer is not
 the warm one), its parts from its own log. No assertion is a speed; every container and network
 it made is gone after, whether it passed or not."""
 

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from loadtests import cold_start
 from loadtests.cold_start_images import MAX_ABS_DIFF, same
 from testkit.processes import ROOT
@@ -33,7 +35,24 @@ def test_a_record_with_images_renders_a_row_per_image() -> None:
              "first_ms": 12.0, "steady_p50_ms": 10.0, "first_over_steady": 1.2}  # fmt: skip
     result["images"] = {"onnx-runner": {"starts": [image], "median": image}}
     text = cold_start.render(result)
-    assert "| image (`docker run` to …, s) | container started |" in text
+    assert "| image (from its launch, s) | container started |" in text
     assert "| onnx-runner | 0.5 | 1.5 | 3.0 | 1.0 | 2.0 | 8.0 | 8.1 | 12.0 | 10.0 | 1.2 |" in text
     result["images"] = {}
     assert "| image" not in cold_start.render(result)  # a record of the graph alone
+
+
+def test_the_images_are_added_to_the_graph_s_last_record_of_the_same_commit(
+    tmp_path, monkeypatch
+) -> None:
+    """`--images` adds to the record the graph's last `--record` run named (not one found by
+    today's date, which a run past midnight would miss), and refuses one of another commit."""
+    last = tmp_path / "graph-record"
+    monkeypatch.setattr(cold_start, "LAST", last)
+    with pytest.raises(SystemExit, match="no recorded run of the graph"):
+        cold_start.graph_record("abc1234")
+    recorded = tmp_path / "2026-11-29.json"
+    recorded.write_text(json.dumps({"meta": {"commit": "abc1234"}}))
+    last.write_text(f"{recorded}\n")
+    assert cold_start.graph_record("abc1234+changes") == recorded  # the record itself changes it
+    with pytest.raises(SystemExit, match="measured on abc1234, this tree is def5678"):
+        cold_start.graph_record("def5678")
