@@ -112,9 +112,9 @@ def ready(client: httpx.Client, cid: str, launched: float) -> float:
     checked = 0.0
     while (waited := time.monotonic() - launched) < LIMIT_S:
         try:
-            # when the 200 came, not when it was asked for: a probe sent while the worker starts
-            # may wait in the socket's backlog until it serves
-            # longer than a tokenizer's own wait for its warm-up (WARM_UP_TIMEOUT_S)
+            # The timeout outlasts a tokenizer's own wait for its warm-up (WARM_UP_TIMEOUT_S).
+            # Ready is when the 200 came, not when it was asked for: a probe sent while the
+            # worker starts may wait in the socket's backlog until it serves.
             if client.get("/readyz", timeout=5).status_code == 200:
                 return time.monotonic() - launched
         except httpx.TransportError:
