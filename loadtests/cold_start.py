@@ -1,8 +1,8 @@
 """Cold start: from a start of the whole graph (``bentoml serve .``) to ready and to its first correct
-answer, that answer against the steady state, the graph at rest; then each of ``ALONE`` by itself;
+answer, that answer against the steady state, the graph at rest; then each of ``ALONE`` by itself.
 ``--images`` instead measures each image's container (loadtests/cold_start_images.py) and adds
-them to the graph's last record (``make cold-start`` runs the graph first, with no Docker engine running,
-then starts one for the images).
+them to the graph's last record: ``make cold-start`` runs the graph first, with no Docker engine
+running, then starts one for the images.
 
     python -m loadtests.cold_start [--starts 5] [--steady 30] [--idle 10] [--record] [--images]
 
