@@ -162,7 +162,7 @@ test-newest-bentoml: install ## The lean path's differential tests against the n
 	@echo "the lean path's differential tests on BentoML $$($(NEWEST_VENV)/bin/python -c 'import bentoml; print(bentoml.__version__)') (pinned: $$($(PY) -c 'import bentoml; print(bentoml.__version__)'))"
 	@# lean_path=on: the lean path runs whatever version this is, so the tests compare its answers
 	HOT_PATH_TOY_LEAN_PATH=on BUNDLE_TOKENIZER_LEAN_PATH=on BUNDLE_ONNX_LEAN_PATH=on BUNDLE_TF_LEAN_PATH=on \
-	  BUNDLE_TENANTS_LEAN_PATH=on $(NEWEST_VENV)/bin/python -m pytest $(DIFFERENTIAL) -q -p no:cacheprovider
+	  BUNDLE_TENANTS_LEAN_PATH=on $(NEWEST_VENV)/bin/python -m pytest $(DIFFERENTIAL) -n 2 -q -p no:cacheprovider
 
 bentos: models ## Build a bento per service and the whole-graph bento (bentoml build, locking on)
 	$(PY) deploy/bentos.py build
@@ -196,10 +196,14 @@ test-docker: models ## test-containers, then test-swarm, on one engine start and
 	@status=0; $(ENGINE) start && $(BASE_IMAGE_CMD) && $(IMAGES_CMD) && $(COMPOSE_TESTS) && $(SWARM_TESTS) \
 	  || status=$$?; $(ENGINE) stop; exit $$status
 
+# mypy follows the imports into the installed packages (bentoml, tensorflow, ...), which is most of
+# its work; its cache lives outside the tree, so a fresh clone (CI's) reuses what an earlier run
+# analysed. mypy checks each cached module against its source's hash, wherever the tree is.
+MYPY_CACHE_DIR ?= $(HOME)/.cache/bento-bundle/mypy
 lint: install ## ruff lint and format check, types (mypy), the import layers, no code repeated across the serving packages
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
-	$(VENV)/bin/mypy
+	MYPY_CACHE_DIR=$(MYPY_CACHE_DIR) $(VENV)/bin/mypy
 	$(VENV)/bin/lint-imports
 	@# Six or more lines alike anywhere in serving/, services/ and runners/ (across the boundary too)
 	$(VENV)/bin/pylint --disable=all --enable=duplicate-code --min-similarity-lines=6 \

@@ -114,8 +114,13 @@ class Server:
         log: Path,
         env: dict[str, str] | None = None,
         ready_path: str = "/readyz",
+        descendants_grace_s: float = 5,
     ) -> None:
         self.argv = list(argv)
+        # How long ``stop`` lets the descendants exit by themselves once the server has: BentoML's
+        # workers shut down on their arbiter's signal; a test's toy whose worker never exits by
+        # itself passes less, as the wait would only delay its SIGKILL.
+        self.descendants_grace_s = descendants_grace_s
         self.ready_path = ready_path
         self.port = port
         self.log = log
@@ -198,7 +203,7 @@ class Server:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
-        _, alive = psutil.wait_procs(children, timeout=5)
+        _, alive = psutil.wait_procs(children, timeout=self.descendants_grace_s)
         left = stop_processes(alive)
         if left:
             raise RuntimeError(

@@ -23,7 +23,7 @@ import httpx
 import psutil
 import pytest
 
-from testkit.processes import adopt_orphans, bentoml_serve, log_path, stop_processes
+from testkit.processes import Server, adopt_orphans, bentoml_serve, log_path, stop_processes
 
 TIERS = {"unit", "http", "integration", "e2e", "load", "containers", "swarm"}
 
@@ -38,13 +38,17 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         if tier in TIERS:
             item.add_marker(getattr(pytest.mark, tier))
         if (
-            "graph" in getattr(item, "fixturenames", ())
+            not GRAPH_FIXTURES.isdisjoint(getattr(item, "fixturenames", ()))
             and _module(item.nodeid) not in GRAPH_MODULES
         ):
             raise pytest.UsageError(
                 f"{item.nodeid} uses the session's graph: list its module in GRAPH_MODULES "
                 "(tests/conftest.py), so that one worker runs every test of that graph"
             )
+    # The session's graph, once started, stays up until the session ends: in the load tier the
+    # tests that start servers of their own, or time starts, run before it does, and chaos, which
+    # kills its workers, runs last of all.
+    items.sort(key=lambda item: LAST.index(m) + 1 if (m := _module(item.nodeid)) in LAST else 0)
 
 
 # Under pytest-xdist (`make test`: -n 2), the modules whose tests share the session's graph run in
@@ -57,8 +61,12 @@ GRAPH_MODULES = frozenset(
         "tests/e2e/test_tenants.py",
         "tests/e2e/test_readme_examples.py",
         "tests/load/test_locust_smoke.py",
+        "tests/load/test_soak.py",
+        "tests/load/test_chaos.py",
     }
 )
+GRAPH_FIXTURES = frozenset({"graph", "graph_server"})
+LAST = ("tests/load/test_locust_smoke.py", "tests/load/test_soak.py", "tests/load/test_chaos.py")
 SERVER_TIERS = frozenset({"integration", "e2e", "load", "containers", "swarm"})
 
 
@@ -87,12 +95,17 @@ def tenant_store(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="session")
-def graph(tenant_store: Path) -> Iterator[str]:
+def graph_server(tenant_store: Path) -> Iterator[Server]:
     """The whole graph (tokenizer + ONNX, TF and tenant runners) as `make serve` runs it: one for
-    the session, shared by every test that can share it."""
+    the session, shared by every test that can share it (``graph``: its URL)."""
     env = {"BUNDLE_TENANTS_STORE": str(tenant_store)}
     with bentoml_serve(".", log_path("graph.log"), env=env) as server:
-        yield server.url
+        yield server
+
+
+@pytest.fixture(scope="session")
+def graph(graph_server: Server) -> str:
+    return graph_server.url
 
 
 @pytest.fixture(scope="session")

@@ -18,18 +18,18 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Iterator
 
 import pytest
 
 from loadtests import chaos
-from testkit.processes import Server, bentoml_serve, log_path
+from testkit.processes import Server
 
 
 @pytest.fixture(scope="module")
-def chaos_graph() -> Iterator[Server]:
-    with bentoml_serve(".", log_path("chaos-graph.log")) as server:
-        yield server
+def chaos_graph(graph_server: Server) -> Server:
+    """The session's graph: this module runs last of the tier (tests/conftest.py), as it kills
+    the graph's workers."""
+    return graph_server
 
 
 @pytest.fixture(scope="module")

@@ -60,7 +60,9 @@ def toy(tmp: Path, name: str, mode: str) -> tuple[Server, Path]:
     script, lives, port = tmp / "toy.py", tmp / f"{name}.lives", free_port()
     script.write_text(TOY)
     argv = [sys.executable, str(script), str(port), str(lives), mode]
-    return Server(argv, port, tmp / f"{name}.log", ready_path="/"), lives
+    # its worker outlives SIGTERM by design: stop's SIGKILL ends it, no need to wait for it first
+    server = Server(argv, port, tmp / f"{name}.log", ready_path="/", descendants_grace_s=0.5)
+    return server, lives
 
 
 def test_a_server_that_does_not_drain_is_restarted_and_named(tmp_path: Path) -> None:

@@ -8,21 +8,20 @@ from __future__ import annotations
 
 import asyncio
 import json
+from pathlib import Path
 
 import pytest
 
 from loadtests import soak
-from testkit.processes import bentoml_serve, log_path
+from testkit.processes import Server
 
 
 @pytest.fixture(scope="module")
-def report(tmp_path_factory: pytest.TempPathFactory) -> dict:
-    store = tmp_path_factory.mktemp("soak-tenants")
-    env = {"BUNDLE_TENANTS_STORE": str(store)}
-    with bentoml_serve(".", log_path("soak-graph.log"), env=env) as server:
-        # a registry write every 6 s: each kind (train, upload, delete) within the 30 s
-        run = soak.run(server.url, server, seconds=30, interval=3, store=store, write_every_s=6)
-        result = asyncio.run(run)
+def report(graph_server: Server, tenant_store: Path) -> dict:
+    # the session's graph; a registry write every 6 s: each kind (train, upload, delete) in the 30 s
+    server = graph_server
+    run = soak.run(server.url, server, seconds=30, interval=3, store=tenant_store, write_every_s=6)
+    result = asyncio.run(run)
     print(json.dumps({k: v for k, v in result.items() if k != "samples"}, indent=1))
     print(soak.render(result))
     return result
