@@ -41,7 +41,7 @@ class ReplicaWait:
         self.runner = runner
         self.wait_s, self.max_waiting, self.retry_s = wait_s, max_waiting, retry_s
         self.waiting = 0  # requests waiting now
-        self.waited = 0  # requests that waited since the gate last closed
+        self.waited = 0  # requests that waited in the gate's current or last closure
         # While closed: a future the first answer sets. While a waiter tries its call: a future
         # set when it stops, answered or not. Made in the loop that uses the gate.
         self._opened: asyncio.Future[None] | None = None
@@ -109,7 +109,9 @@ class ReplicaWait:
         if self._opened is None:
             self._opened = asyncio.get_running_loop().create_future()
             self._closed_at = self._last_try = time.monotonic()
-            self.waited = 0
+            # Requests still waiting (released when the gate last opened, their calls failed
+            # again) wait through this closure too: counted in it from the start.
+            self.waited = self.waiting
             logger.warning(
                 "%s has no replica up: requests wait for one, up to %g s each",
                 self.runner, self.wait_s,

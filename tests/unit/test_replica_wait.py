@@ -206,3 +206,46 @@ def test_the_gate_closes_again_when_the_replicas_go_again() -> None:
     first, second = asyncio.run(main())
     assert sorted(first) == [1, 2, 3] and sorted(second) == [4, 5]
     assert gate.up and gate.waited == 2
+
+
+def test_requests_still_waiting_when_the_gate_closes_again_are_counted_in_the_new_closure() -> None:
+    """A replica answers one waiter's try and is gone before the others' calls: the gate opens,
+    their calls find no replica, and it closes again while they wait. When it opens the second
+    time, those two waited through it and are counted (the count used to start at 0)."""
+
+    class OneAnswerThenGone:
+        def __init__(self) -> None:
+            self.state, self.answered = "down", 0
+
+        async def call(self) -> int:
+            await asyncio.sleep(0.01)
+            if self.state == "down":
+                raise NoReplica("onnx_runner", "no replica of this service is up")
+            if self.state == "one answer":
+                self.state = "down"
+            self.answered += 1
+            return self.answered
+
+    runner = OneAnswerThenGone()
+    gate = ReplicaWait("onnx_runner", wait_s=5, max_waiting=10, retry_s=0.05)
+
+    async def until(condition) -> None:
+        for _ in range(500):  # within 5 s
+            if condition():
+                return
+            await asyncio.sleep(0.01)
+        raise AssertionError("timed out")
+
+    async def main() -> list[int]:
+        calls = [asyncio.ensure_future(gate.call(runner.call)) for _ in range(3)]
+        await until(lambda: gate.waiting == 3)
+        assert gate.waited == 3
+        runner.state = "one answer"
+        # the try answered (the gate opened), then the other two calls closed it again
+        await until(lambda: runner.answered == 1 and not gate.up)
+        assert gate.waiting == 2 and gate.waited == 2
+        runner.state = "up"
+        return await asyncio.gather(*calls)
+
+    assert sorted(asyncio.run(main())) == [1, 2, 3]
+    assert gate.up and gate.waiting == 0 and gate.waited == 2
