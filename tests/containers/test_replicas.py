@@ -16,9 +16,9 @@ from testkit.haproxy_ring import Ring
 from tests.containers.conftest import Stack
 
 REPLICAS = ["tenant-runner-1", "tenant-runner-2", "tenant-runner-3"]  # server ids 1, 2, 3
-# None of the other tests' tenants; the ring puts 10, 11 and 9 of these 30 on tenant-runner-1, -2
+# None of the other tests' tenants; the ring puts 5, 7 and 3 of these 15 on tenant-runner-1, -2
 # and -3 (more only train longer).
-TENANTS = [demo.tenant(index) for index in range(100, 130)]
+TENANTS = [demo.tenant(index) for index in range(100, 115)]
 PUBLIC = {spec.name for spec in TENANTS[:10]}  # asked through the public door first
 STOPPED = "tenant-runner-2"
 FAILOVER_S = 10
@@ -39,7 +39,7 @@ def all_replicas_up(stack: Stack) -> None:
 
 @pytest.fixture(scope="module")
 def tenants(stack: Stack) -> list[list]:
-    """30 demo tenants trained through the public API as ONNX models; [name, SentencePiece ids of
+    """15 demo tenants trained through the public API as ONNX models; [name, SentencePiece ids of
     a phrase]."""
     all_replicas_up(stack)
 
