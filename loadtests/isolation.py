@@ -50,7 +50,8 @@ def two_models(out: Path) -> tuple[Path, str]:
 
 
 def build(path: Path) -> None:
-    """`make models CATALOGUE=path` (A is reused from the default build; B built once)."""
+    """B into the model store (``python -m models.build --catalogue path --only B``, built once and
+    reused after); A is the default catalogue's, already built by `make models`."""
     argv = [sys.executable, "-m", "models.build", "--catalogue", str(path), "--only", SECOND]
     subprocess.run(argv, cwd=ROOT, check=True)
 

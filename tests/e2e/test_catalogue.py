@@ -160,6 +160,49 @@ def test_embed_answers_as_pytorch_on_every_backend(
     assert tokenized.json()["ids"] == ids
 
 
+def test_the_spec_takes_pad_id_and_token_types_from_each_models_own_tokenizer(
+    built: tuple[Path, dict[str, str]],
+) -> None:
+    """RoBERTa's and XLM-R's pad id is 1, DistilBERT's 0, as their own tokenizers say; none of the
+    three has token types."""
+    from transformers import PreTrainedTokenizerFast
+
+    root = built[0]
+    pads = {}
+    for entry in EMBED:
+        model = catalogue.load(root / "catalogue.yaml").get(entry["name"])
+        assert model is not None
+        src = source.resolve(model, root)
+        spec = recipes.ModelRecipes(model, src).spec
+        own = PreTrainedTokenizerFast.from_pretrained(str(src.path))
+        assert spec.pad_id == own.pad_token_id, entry["name"]
+        assert not spec.token_types and "token_type_ids" not in spec.input_names, entry["name"]
+        pads[entry["name"]] = spec.pad_id
+    assert pads == {"tiny-roberta": 1, "tiny-xlmr": 1, "tiny-distilbert": 0}
+
+
+def test_similarity_and_inference_answer_as_pytorch(
+    built: tuple[Path, dict[str, str]], catalogue_graph: str
+) -> None:
+    """The other embedding routes: /similarity's cosine of each pair with every embed model, and
+    /inference (one text) with the catalogue's first embed model, tiny-roberta."""
+    pairs = [[TEXTS[0], TEXTS[1]], [TEXTS[2], TEXTS[0]]]
+    for entry in EMBED:
+        want, _ = expected(built[0], entry["name"], TEXTS[:3])
+        unit = want / np.linalg.norm(want, axis=1, keepdims=True)
+        reply = httpx.post(
+            f"{catalogue_graph}/similarity", json={"pairs": pairs, "model": entry["name"]}
+        )
+        assert reply.status_code == 200, reply.text
+        np.testing.assert_allclose(
+            reply.json()["scores"], [unit[0] @ unit[1], unit[2] @ unit[0]], atol=1e-4
+        )
+    want, _ = expected(built[0], "tiny-roberta", TEXTS[:1])
+    one = httpx.post(f"{catalogue_graph}/inference", json={"input_text": TEXTS[0]})
+    assert one.status_code == 200, one.text
+    np.testing.assert_allclose(one.json()["outputs"], want[0], atol=1e-4)
+
+
 def test_openai_lists_and_serves_every_model(
     built: tuple[Path, dict[str, str]], catalogue_graph: str
 ) -> None:
@@ -436,17 +479,30 @@ def test_coheres_sdk_reranks_unchanged(
     assert "tiny-roberta is a model for embed" in wrong_task.value.body["message"]
 
 
-def test_an_int8_backend_that_fails_its_gate_is_refused_and_never_stored(tmp_path: Path) -> None:
-    """A DistilBERT whose linear layers each hold one large weight, which int8 cannot hold together
-    with the others beside it, the accuracy gate refuses it, `make models` stops with the reason,
-    and the store holds no int8 model for it to serve."""
+def test_int8_is_served_only_behind_its_gates(tmp_path: Path) -> None:
+    """An XLM-R's int8 passes its accuracy gate, is stored, and passes parity (at most 1 % of
+    decisions flipped against PyTorch). A DistilBERT whose linear layers each hold one large
+    weight, which int8 cannot hold together with the others beside it: the accuracy gate refuses
+    it, `make models` stops with the reason, and the store holds no int8 model for it to serve."""
+    checkpoints.write(tmp_path / "xlm-roberta", "xlm-roberta")
     checkpoints.write(tmp_path / "distilbert", "distilbert", outlier=500.0)
-    entry = {"name": "tiny-distilbert", "source": "./distilbert", "backends": ["onnx", "onnx-int8"]}
-    path = tmp_path / "catalogue.yaml"
-    path.write_text(yaml.safe_dump({"models": [entry]}))
+    good = {"name": "tiny-xlmr", "source": "./xlm-roberta", "backends": ["onnx", "onnx-int8"]}
+    bad = {"name": "tiny-distilbert", "source": "./distilbert", "backends": ["onnx", "onnx-int8"]}
+    path, good_only = tmp_path / "catalogue.yaml", tmp_path / "good.yaml"
+    path.write_text(yaml.safe_dump({"models": [good, bad]}))
+    good_only.write_text(yaml.safe_dump({"models": [good]}))
     env = {**os.environ, "BENTOML_HOME": str(tmp_path / "home"), "HF_HUB_OFFLINE": "1"}
     proc = make("models", f"CATALOGUE={path}", env=env)
     assert proc.returncode != 0
     assert "tiny-distilbert: onnx-int8 rejected by its accuracy gate" in proc.stderr, proc.stderr
     stored = {p.name for p in (tmp_path / "home" / "models").iterdir()}
     assert "tiny-distilbert-onnx" in stored and "tiny-distilbert-onnx-int8" not in stored
+    assert "tiny-xlmr-onnx-int8" in stored, proc.stdout
+    out = tmp_path / "parity.json"
+    proc = run_tree(
+        [sys.executable, "-m", "models.parity", "--catalogue", str(good_only), "--out", str(out)],
+        600, env=env, cwd=ROOT,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    int8 = json.loads(out.read_text())["tiny-xlmr"]["onnx-int8"]
+    assert int8["inputs"] >= 500 and int8["mismatches"] <= 0.01 * int8["inputs"], int8
