@@ -199,11 +199,12 @@ test-docker: models ## test-containers, then test-swarm, on one engine start and
 # mypy follows the imports into the installed packages (bentoml, tensorflow, ...), which is most of
 # its work; its cache lives outside the tree, so a fresh clone (CI's) reuses what an earlier run
 # analysed. mypy checks each cached module against its source's hash, wherever the tree is.
-MYPY_CACHE_DIR ?= $(HOME)/.cache/bento-bundle/mypy
+# Where HOME is unset, the tree's own .mypy_cache. `rm -rf ~/.cache/bento-bundle/mypy` clears it.
+MYPY_CACHE_DIR ?= $(if $(HOME),$(HOME)/.cache/bento-bundle/mypy,.mypy_cache)
 lint: install ## ruff lint and format check, types (mypy), the import layers, no code repeated across the serving packages
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
-	MYPY_CACHE_DIR=$(MYPY_CACHE_DIR) $(VENV)/bin/mypy
+	MYPY_CACHE_DIR="$(MYPY_CACHE_DIR)" $(VENV)/bin/mypy
 	$(VENV)/bin/lint-imports
 	@# Six or more lines alike anywhere in serving/, services/ and runners/ (across the boundary too)
 	$(VENV)/bin/pylint --disable=all --enable=duplicate-code --min-similarity-lines=6 \

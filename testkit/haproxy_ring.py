@@ -4,7 +4,7 @@ The proxy in front of the tenant-runner replicas (deploy/proxy/haproxy.cfg) hash
 ``hash-type consistent`` and ``hash-balance-factor 150``, ``weight 16`` on every server; this is
 that rule as HAProxy's source has it (src/lb_chash.c, src/hash.c, backend.c; the same logic from
 2.2 to 2.6). Checked against a running HAProxy 2.6: tests/integration/test_proxy_routing.py (every
-key's server, a server added, a hot key's concurrent spread) and the container test (30 tenants on
+key's server, a server added, a hot key's concurrent spread) and the container test (15 tenants on
 the compose stack's replicas, then one replica stopped).
 - the key is hashed with sdbm, then Bob Jenkins' ``full_hash`` (the "avalanche" modifier, on by
   default with ``hash-type consistent``);

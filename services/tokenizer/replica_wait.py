@@ -41,7 +41,7 @@ class ReplicaWait:
         self.runner = runner
         self.wait_s, self.max_waiting, self.retry_s = wait_s, max_waiting, retry_s
         self.waiting = 0  # requests waiting now
-        self.waited = 0  # requests that waited in the gate's current or last closure
+        self.waited = 0  # requests that waited since the gate last closed
         # While closed: a future the first answer sets. While a waiter tries its call: a future
         # set when it stops, answered or not. Made in the loop that uses the gate.
         self._opened: asyncio.Future[None] | None = None
@@ -79,7 +79,8 @@ class ReplicaWait:
                 try:
                     return await send()
                 except NoReplica:
-                    self._close()  # gone again: wait on
+                    self._close()  # gone again: wait on, counted in this closure
+                    self.waited += 1
                     continue
             if self._trying is not None:  # another waiter tries: until it opens the gate or stops
                 wake = {self._opened, self._trying}
@@ -109,9 +110,7 @@ class ReplicaWait:
         if self._opened is None:
             self._opened = asyncio.get_running_loop().create_future()
             self._closed_at = self._last_try = time.monotonic()
-            # Requests still waiting (released when the gate last opened, their calls failed
-            # again) wait through this closure too: counted in it from the start.
-            self.waited = self.waiting
+            self.waited = 0
             logger.warning(
                 "%s has no replica up: requests wait for one, up to %g s each",
                 self.runner, self.wait_s,

@@ -96,7 +96,7 @@ def test_the_replicas_load_each_tenant_once_not_once_each(placed: dict) -> None:
     loaded = {r: placed["after"][r]["loaded"] - placed["before"][r]["loaded"] for r in REPLICAS}
     loads = {r: placed["after"][r]["loads"] - placed["before"][r]["loads"] for r in REPLICAS}
     print(f"models loaded per replica: {loaded}")
-    assert sum(loaded.values()) == len(TENANTS), loaded  # not 3 x 30: each tenant on one replica
+    assert sum(loaded.values()) == len(TENANTS), loaded  # not 3 x 15: each tenant on one replica
     assert sum(loads.values()) == len(TENANTS), loads
 
 

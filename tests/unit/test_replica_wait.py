@@ -210,8 +210,8 @@ def test_the_gate_closes_again_when_the_replicas_go_again() -> None:
 
 def test_requests_still_waiting_when_the_gate_closes_again_are_counted_in_the_new_closure() -> None:
     """A replica answers one waiter's try and is gone before the others' calls: the gate opens,
-    their calls find no replica, and it closes again while they wait. When it opens the second
-    time, those two waited through it and are counted (the count used to start at 0)."""
+    their calls find no replica, and it closes again; they wait once more. When it opens the
+    second time, those two waited through it and are counted (the count used to start at 0)."""
 
     class OneAnswerThenGone:
         def __init__(self) -> None:
