@@ -13,6 +13,7 @@ import math
 import shlex
 import statistics
 import subprocess
+from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -39,14 +40,10 @@ def sample(point: points.Point) -> Sample:
     tokenizer = point.cpu_ms_per_request.get("tokenizer", {})
     runner = point.cpu_ms_per_request.get("onnx_runner", {})
     return Sample(
-        point.sentences_per_s,
-        point.p50_ms,
-        tokenizer.get("total_ms", 0.0),
-        runner.get("main_ms", 0.0),
-        runner.get("serving_ms", math.nan),
-        runner.get("engine_ms", math.nan),
-        point.failures + point.shed,
-    )
+        point.sentences_per_s, point.p50_ms, tokenizer.get("total_ms", 0.0),
+        runner.get("main_ms", 0.0), runner.get("serving_ms", math.nan),
+        runner.get("engine_ms", math.nan), point.failures + point.shed,
+    )  # fmt: skip
 
 
 def summary(base: list[Sample], head: list[Sample]) -> list[tuple[str, float, float, float]]:
@@ -73,10 +70,8 @@ def serve(tree: Path, name: str, env: dict[str, str] | None = None) -> Server:
     port = free_port()
     # `cd` then exec: the tree's own code is imported first (bentoml puts its working directory
     # at the head of sys.path), and the PID stays bentoml's, to be stopped with its descendants.
-    bentoml = shlex.quote(str(BIN / "bentoml"))
-    command = (
-        f"cd {shlex.quote(str(tree))} && exec {bentoml} serve . --host 127.0.0.1 --port {port}"
-    )
+    bentoml, at = shlex.quote(str(BIN / "bentoml")), shlex.quote(str(tree))
+    command = f"cd {at} && exec {bentoml} serve . --host 127.0.0.1 --port {port}"
     log = OUT / f"{name}.log"
     return Server(["bash", "-c", command], port, log, {**own_home(log), **(env or {})})
 
@@ -105,15 +100,12 @@ def main(argv: list[str] | None = None) -> int:
     ).stdout.strip()  # fmt: skip
     tree = OUT / f"tree-{rev}"
     adopt_orphans()  # a BentoML worker whose arbiter died stays this process's, stopped by PID
+    remove = ["git", "worktree", "remove", "--force", str(tree)]
     with contextlib.ExitStack() as stack:  # unwound in reverse: servers stopped, then the tree
-        subprocess.run(
-            ["git", "worktree", "remove", "--force", str(tree)], cwd=ROOT, capture_output=True
-        )
+        subprocess.run(remove, cwd=ROOT, capture_output=True)
         subprocess.run(["git", "worktree", "prune"], cwd=ROOT, check=True)
         subprocess.run(["git", "worktree", "add", "--detach", str(tree), rev], cwd=ROOT, check=True)
-        stack.callback(
-            subprocess.run, ["git", "worktree", "remove", "--force", str(tree)], cwd=ROOT
-        )
+        stack.callback(subprocess.run, remove, cwd=ROOT)
         bodies = {w: points.bodies(w) for w in workloads}
         servers = {rev: serve(tree, "base", base_env), HEAD: serve(ROOT, "head")}
         for server in servers.values():
@@ -122,9 +114,7 @@ def main(argv: list[str] | None = None) -> int:
             for w in workloads:  # warm: sessions, caches, pools
                 loadgen.run(server.url, "/embed", bodies[w], 16, 5)
         cases = [(w, u) for w in workloads for u in users]
-        samples: dict[tuple[str, str, int], list[Sample]] = {
-            (n, w, u): [] for n in servers for w, u in cases
-        }
+        samples: dict[tuple[str, str, int], list[Sample]] = defaultdict(list)
         for round_ in range(args.rounds):
             order = list(servers.items())[:: 1 if round_ % 2 == 0 else -1]
             for w, u in cases:

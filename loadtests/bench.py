@@ -1,8 +1,7 @@
 """The side-by-side benchmark (``make bench``; ``BENCH_QUICK=1``: every system once, in minutes).
 
-The systems, how points are interleaved and drained, what is recorded: loadtests/README.md. Exits
-1 if a served figure is above its backend's raw limit (a rerank or classify row: its model's; the
-limit would be wrong), recording nothing; a quick run allows ``report.QUICK_SLACK`` above it.
+The systems, how points are interleaved and drained, what is recorded: loadtests/README.md; when
+a run records nothing and exits 1 (a served figure above its raw limit): ``publish``.
 """
 
 from __future__ import annotations
@@ -95,23 +94,18 @@ def exited(name: str, server: Server) -> None:
 
 
 def measure_raw(when: str) -> dict[str, dict]:
-    """The raw limit of the model the stack serves by default (the catalogue's first embed model)
-    on each ONNX backend (fp32: onnx, int8: onnx-int8), printed as measured. A quick run times half
-    the plans on ~300 of the corpus's texts."""
+    """The raw limit of the stack's default model (the catalogue's first embed model) on each ONNX
+    backend, printed as measured; a quick run times half the plans on ~300 of the corpus's texts."""
     from serving import catalogue
 
     served = catalogue.current().default("embed")
     if served is None:
         raise SystemExit(f"error: {catalogue.path()} has no embed model to measure")
     texts = 300 if QUICK else None
-    raw = {
-        key: raw_engine(served.name, backend, 1 if QUICK else 3, texts, quick=QUICK)
-        for key, backend in (("fp32", "onnx"), ("int8", "onnx-int8"))
-    }
-    measured = ", ".join(
-        f"{served.name} {backend} {limit['sentences_per_s']:.0f} sentences/s ({limit['plan']})"
-        for backend, limit in raw.items()
-    )
+    raw = {key: raw_engine(served.name, backend, 1 if QUICK else 3, texts, quick=QUICK)
+           for key, backend in (("fp32", "onnx"), ("int8", "onnx-int8"))}  # fmt: skip
+    measured = ", ".join(f"{served.name} {b} {limit['sentences_per_s']:.0f} sentences/s "
+                         f"({limit['plan']})" for b, limit in raw.items())  # fmt: skip
     print(f"raw engine ({when} of the run): {measured}", flush=True)
     for backend, limit in raw.items():
         if at_edge(limit["plan"]) and not QUICK:
@@ -130,8 +124,7 @@ def kept_on_failure(path: Path, raw: dict, points: list[Point]) -> Iterator[None
     try:
         yield
     except BaseException:
-        kept = {"raw": raw, "points": [asdict(p) for p in points]}
-        path.write_text(json.dumps(kept, indent=2) + "\n")
+        write(path, {"raw": raw, "points": [asdict(p) for p in points]})
         print(f"the points measured before the error are in {path}", file=sys.stderr, flush=True)
         raise
 
@@ -151,6 +144,13 @@ def record_meta(measured: str) -> dict[str, Any]:
     return {"date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"), "commit": measured,
             "machine": cpu.machine(), "cores": os.cpu_count() or 1,
             "python": sys.version.split()[0]}  # fmt: skip
+
+
+def write(path: Path, data: dict, indent: int = 2) -> Path:
+    """``data`` as JSON at ``path``, its folder made first; ``path``."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(data, indent=indent) + "\n")
+    return path
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -200,20 +200,12 @@ def main(argv: list[str] | None = None) -> int:
             raw = {backend: best_of(raw[backend], end[backend]) for backend in raw}
         several = isolation.measure(OUT, args.seconds * 2)
         print(report.several_models(several), flush=True)
-    results = report.results(
-        points,
-        raw,
-        meta={
-            **record_meta(measured),
-            "quick": QUICK,
-            "seconds_per_point": args.seconds,
-            "repeats": args.repeats,
-            "users": list(USERS),
-            "middle": MIDDLE,
-            "settle_s": SETTLE_S,
-            "load_generator": "wrk (loadtests/wrk/bodies.lua)",
-        },
-    )
+    meta = {
+        **record_meta(measured), "quick": QUICK, "seconds_per_point": args.seconds,
+        "repeats": args.repeats, "users": list(USERS), "middle": MIDDLE, "settle_s": SETTLE_S,
+        "load_generator": "wrk (loadtests/wrk/bodies.lua)",
+    }  # fmt: skip
+    results = report.results(points, raw, meta)
     results["several_models"] = several
     results["tasks"] = heads
     return publish(results, record=args.record)
@@ -223,22 +215,18 @@ def publish(results: dict, *, record: bool) -> int:
     """Write a run to build/bench, print its table and targets and, where ``record``, record it
     (loadtests/results): not when a served figure is above its raw limit (then 1, else 0; a quick
     run, never recorded, allows ``report.QUICK_SLACK`` and warns within it)."""
-    (OUT / "results.json").write_text(json.dumps(results, indent=2) + "\n")
+    written = [write(OUT / "results.json", results), OUT / "results.md"]
     table = report.markdown(results)
     (OUT / "results.md").write_text(table + "\n")
     print("\n" + table + "\n")
     for check in results["targets"]:
         print(f"{'met   ' if check['met'] else 'MISSED'} {check['target']}: {check['measured']}")
-    written = [OUT / "results.json", OUT / "results.md"]
     wrong = report.above_raw(results)
     if record and not wrong:  # a run with a wrong limit is not one to publish
-        RESULTS.mkdir(parents=True, exist_ok=True)
-        recorded = RESULTS / f"{results['meta']['date'][:10]}.json"
-        recorded.write_text(json.dumps(results, indent=2) + "\n")
+        recorded = write(RESULTS / f"{results['meta']['date'][:10]}.json", results)
         written += [recorded, report.write_results_md(recorded)]
     print("\nwritten: " + ", ".join(str(p) for p in written))
-    within = [figure for figure in report.above_raw(results, slack=0.0) if figure not in wrong]
-    if within:
+    if within := [figure for figure in report.above_raw(results, slack=0.0) if figure not in wrong]:
         print(
             f"warning: served above its raw limit, within a quick run's {report.QUICK_SLACK:.0%}: "
             f"{within}",

@@ -1,6 +1,6 @@
 """The stack's worst day, measured: overload at 4x capacity, then workers killed under load.
 
-    python -m loadtests.chaos [--seconds 20] [--url URL] [--json build/chaos.json]   (make chaos)
+    python -m loadtests.chaos [--seconds 20] [--json build/chaos.json]   (make chaos)
 
 The phases and what each counts: loadtests/README.md, "make chaos and make soak".
 """
@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import random
 import signal
@@ -24,14 +23,14 @@ import httpx
 import numpy as np
 
 from loadtests import cpu
-from loadtests.openloop import Driver, Outcome, Request, ms, quantile, refusal
+from loadtests.bench import write
+from loadtests.openloop import Driver, Outcome, Request, ms, quantile
 from models import corpus
 from testkit.processes import ROOT, Server, bentoml_serve
 
 BULK = 32
 # fp32 embeddings of one text differ only by float rounding across batch shapes (~1e-7).
 MAX_ABS_DIFF = 1e-5
-__all__ = ["refusal"]
 
 
 @dataclass
@@ -52,11 +51,10 @@ class Phase:
         kinds = Counter(f"{o.status} {o.error}".strip() for o in other)
         start = min((o.sent for o in self.outcomes), default=0)
         span = max((o.sent + o.latency_s for o in self.outcomes), default=0) - start
+        failed = shed + expired + other
         return {
-            "phase": self.name,
-            "offered_per_s": round(self.offered_per_s, 1),
-            "requests": len(self.outcomes),
-            "served": len(ok),
+            "phase": self.name, "offered_per_s": round(self.offered_per_s, 1),
+            "requests": len(self.outcomes), "served": len(ok),
             "served_per_s": round(len(ok) / span, 2) if span else 0.0,
             "served_p50_ms": ms(quantile([o.latency_s for o in ok], 0.5)),
             "served_p99_ms": ms(quantile([o.latency_s for o in ok], 0.99)),
@@ -73,12 +71,9 @@ class Phase:
             "transport_errors": sum(o.status == 0 for o in self.outcomes),
             "inflight_at_kill": self.inflight_at_kill,
             "connections_at_kill": self.connections_at_kill,
-            "other_errors": len(other),
-            "other_error_kinds": dict(kinds.most_common()),
-            "slowest_failure_ms": ms(
-                max((o.latency_s for o in shed + expired + other), default=None)
-            ),
-        }
+            "other_errors": len(other), "other_error_kinds": dict(kinds.most_common()),
+            "slowest_failure_ms": ms(max((o.latency_s for o in failed), default=None)),
+        }  # fmt: skip
 
 
 class Bulk:
@@ -95,8 +90,7 @@ class Bulk:
     async def take_reference(self, client: httpx.AsyncClient) -> None:
         for start in range(0, len(self.texts), BULK):
             texts = self.texts[start : start + BULK]
-            resp = await client.post("/embed", json={"texts": texts})
-            resp.raise_for_status()
+            resp = (await client.post("/embed", json={"texts": texts})).raise_for_status()
             for text, vector in zip(texts, resp.json()["embeddings"], strict=True):
                 self.reference[text] = np.asarray(vector, dtype=np.float32)
 
@@ -118,18 +112,19 @@ async def closed(driver: Driver, name: str, clients: int, seconds: float) -> Pha
     return phase
 
 
-async def recovery_s(
-    driver: Driver, probes: list[Outcome], baseline_p50_s: float, limit_s: float = 60
+async def answered_s(
+    driver: Driver, into: list[Outcome], in_a_row: int, within_s: float, pause_s: float
 ) -> float | None:
-    """Seconds until three answers in a row come back at most 3x the unloaded median latency."""
+    """Seconds until ``in_a_row`` requests in a row are answered 200 within ``within_s`` each
+    (None after 60 s); each request is counted in ``into`` like every other."""
     started = time.monotonic()
     streak = 0
-    while time.monotonic() - started < limit_s:
-        o = await driver.one(probes)  # counted like every other request
-        streak = streak + 1 if o.status == 200 and o.latency_s <= 3 * baseline_p50_s else 0
-        if streak == 3:
+    while time.monotonic() - started < 60:
+        o = await driver.one(into)
+        streak = streak + 1 if o.status == 200 and o.latency_s <= within_s else 0
+        if streak == in_a_row:
             return round(time.monotonic() - started, 2)
-        await asyncio.sleep(0.1)
+        await asyncio.sleep(pause_s)
     return None
 
 
@@ -142,14 +137,8 @@ async def kill_during_load(
         phase.inflight_at_kill = driver.inflight
         phase.connections_at_kill = driver.open_connections()
         os.kill(victim.pid, signal.SIGKILL)
-        killed = time.monotonic()
-        # Serving again: a request through the whole graph answers 200 (a request of this phase
-        # like the others).
-        while time.monotonic() - killed < 60:
-            if (await driver.one(phase.outcomes)).status == 200:
-                return round(time.monotonic() - killed, 2)
-            await asyncio.sleep(0.2)
-        return None
+        # Serving again: a request through the whole graph answers 200 (one of this phase).
+        return await answered_s(driver, phase.outcomes, 1, float("inf"), 0.2)
 
     phase = Phase(f"kill {service}", per_s)
     killer = asyncio.create_task(kill_then_measure())
@@ -175,41 +164,37 @@ async def workers_serving(client: httpx.AsyncClient, server: Server) -> dict[str
     return status
 
 
-async def run(url: str, server: Server | None, seconds: float) -> dict:
+async def run(server: Server, seconds: float) -> dict:
     bulk = Bulk()
-    async with Driver(url, bulk.request, check=bulk.wrong) as driver:
+    async with Driver(server.url, bulk.request, check=bulk.wrong) as driver:
         await bulk.take_reference(driver.client)
         probes = Phase("recovery probes", 0.0)  # the requests that time recovery
         baseline = await closed(driver, "unloaded", 1, min(5.0, seconds))
         baseline_p50 = quantile([o.latency_s for o in baseline.outcomes], 0.5) or 1.0
+        # Recovered: three answers in a row at most 3x the unloaded median latency.
+        recovery = (probes.outcomes, 3, 3 * baseline_p50, 0.1)
         capacity = await closed(driver, "capacity", 8, seconds)
         per_s = capacity.summary()["served_per_s"]
         print(f"capacity: {per_s:.1f} bulk requests/s ({per_s * BULK:.0f} sentences/s)", flush=True)
         print(f"overload: {4 * per_s:.1f} requests/s for {seconds:.0f} s …", flush=True)
         overload = Phase("overload 4x", 4 * per_s)
         await driver.open(overload.offered_per_s, seconds, overload.outcomes)
-        recovered = await recovery_s(driver, probes.outcomes, baseline_p50)
+        recovered = await answered_s(driver, *recovery)
         print(f"  refused {overload.summary()['refused']}; recovered in {recovered} s", flush=True)
         report: dict[str, Any] = {
-            "url": url,
-            "seconds_per_phase": seconds,
-            "bulk_sentences": BULK,
+            "url": server.url, "seconds_per_phase": seconds, "bulk_sentences": BULK,
             "phases": [p.summary() for p in (baseline, capacity, overload)],
-            "recovery_after_overload_s": recovered,
-            "kills": [],
-        }
-        if server is not None:
-            for service in ("onnx_runner", "tokenizer"):
-                print(f"SIGKILL the {service} worker under load …", flush=True)
-                phase, serving_again = await kill_during_load(
-                    driver, server, service, per_s / 2, seconds
-                )
-                print(f"  serving again after {serving_again} s", flush=True)
-                report["phases"].append(phase.summary())
-                report["kills"].append({"service": service, "serving_again_s": serving_again})
-                await recovery_s(driver, probes.outcomes, baseline_p50)
-            report["server_alive"] = server.proc is not None and server.proc.poll() is None
-            report["workers_serving"] = await workers_serving(driver.client, server)
+            "recovery_after_overload_s": recovered, "kills": [],
+        }  # fmt: skip
+        for service in ("onnx_runner", "tokenizer"):
+            print(f"SIGKILL the {service} worker under load …", flush=True)
+            phase, again = await kill_during_load(driver, server, service, per_s / 2, seconds)
+            print(f"  serving again after {again} s", flush=True)
+            report["phases"].append(phase.summary())
+            report["kills"].append({"service": service, "serving_again_s": again})
+            await answered_s(driver, *recovery)
+        report["server_alive"] = server.proc is not None and server.proc.poll() is None
+        report["workers_serving"] = await workers_serving(driver.client, server)
         report["phases"].append(probes.summary())
         return report
 
@@ -230,26 +215,19 @@ def render(report: dict) -> str:
         lines.append(
             f"{kill['service']} worker SIGKILLed: serving again after {kill['serving_again_s']} s"
         )
-    if "workers_serving" in report:
-        lines.append(f"workers alive and serving after the run: {report['workers_serving']}")
+    lines.append(f"workers alive and serving after the run: {report['workers_serving']}")
     return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=float, default=20, help="length of each phase")
-    parser.add_argument("--url", help="an already running stack (no kills then)")
     parser.add_argument("--json", type=Path, default=ROOT / "build" / "chaos.json")
     args = parser.parse_args(argv)
-    if args.url:
-        report = asyncio.run(run(args.url, None, args.seconds))
-    else:
-        with bentoml_serve(".", ROOT / "build" / "chaos" / "stack.log") as server:
-            report = asyncio.run(run(server.url, server, args.seconds))
-    args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(json.dumps(report, indent=2))
+    with bentoml_serve(".", ROOT / "build" / "chaos" / "stack.log") as server:
+        report = asyncio.run(run(server, args.seconds))
     print(render(report))
-    print(f"\nwritten: {args.json}")
+    print(f"\nwritten: {write(args.json, report)}")
     return 0
 
 

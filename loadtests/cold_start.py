@@ -1,37 +1,41 @@
-"""Cold start: from a start of the whole graph (``bentoml serve .``) to ready and to its first correct
-answer, that answer against the steady state, the graph at rest; then each of ``ALONE`` by itself.
-``--images`` instead measures each image's container (loadtests/cold_start_images.py) and adds
-them to the graph's last record: ``make cold-start`` runs the graph first, with no Docker engine
-running, then starts one for the images.
+"""Cold start: the whole graph (``bentoml serve .``) from its launch to ready and to its first
+correct answer (the one it gives once warm: ``same``), that answer against the steady state, each
+service's start in parts as it logged it (serving/startup.py), the graph at rest; ``--images``
+instead each image's container (``measure``: a Docker engine, Debian's client first on PATH, and
+``make images`` tagged ``IMAGE_TAG``, default latest), added to the graph's last record.
 
     python -m loadtests.cold_start [--starts 5] [--steady 30] [--idle 10] [--record] [--images]
 
-A correct answer is the one the same server gives once warm. Each service logs its start in parts
-(serving/startup.py), read from the server's log. At rest, each service's first worker and BentoML's
-supervisor are watched for ``--idle`` seconds. Medians over the starts; ``--record`` writes them to
-loadtests/results/cold-start/DATE.json (make cold-start), which loadtests/README.md quotes.
+What it measures, in what order, and what ``--record`` writes (the medians over the starts, to
+loadtests/results/cold-start/DATE.json): loadtests/README.md, "make cold-start".
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import datetime as dt
+import functools
 import json
+import os
 import statistics
 import sys
 import time
-from collections.abc import Callable
+import uuid
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import httpx
-import numpy as np
 
 from loadtests import cpu
-from loadtests.bench import commit, record_meta
+from loadtests.bench import commit, record_meta, write
 from serving.startup import parse
-from testkit.processes import ROOT, Server, Servers, bentoml_serve, log_path
+from testkit.containers import container, docker, logs, network, port
+from testkit.processes import ROOT, Server, bentoml_serve, log_path
 
 TEXT = "How do I reset my password?"
+IDS = [[101, 2129, 2079, 1045, 25141, 2026, 20786, 1029, 102]]  # TEXT by MiniLM's tokenizer
 POLL_S = 0.02  # readiness is polled this often: a finer grain than any start measured here
 LIMIT_S = 180.0  # a start that is not ready by then fails the run
 MAX_ABS_DIFF = 1e-5
@@ -61,13 +65,22 @@ def at_rest(server: Server, services: list[str], seconds: float) -> dict[str, di
     }  # fmt: skip
 
 
-def until_200(server: Server, launched: float, send: Callable[[], httpx.Response]) -> Any:
+def until_200(launched: float, send: Callable[[], httpx.Response], server: Server | str) -> Any:
     """Send until the answer is a 200: its JSON (None for /readyz's text), and the seconds from
-    ``launched`` (``time.monotonic``)."""
-    while time.monotonic() - launched < LIMIT_S:
-        server.descendants()  # remembered now: a server that dies while starting orphans them
-        if server.proc is not None and server.proc.poll() is not None:
-            raise RuntimeError(f"the server exited while starting:\n{server.tail()}")
+    ``launched`` (``time.monotonic``). Raises, with the log's end, if ``server`` (this process's,
+    or a container's ID) exits first or takes longer than LIMIT_S. The time is when the 200 came,
+    not when it was asked for: a probe sent while the worker starts may wait in the socket's
+    backlog until it serves."""
+    checked = 0.0
+    while (waited := time.monotonic() - launched) < LIMIT_S:
+        if isinstance(server, Server):
+            server.descendants()  # remembered now: a server that dies while starting orphans them
+            if server.proc is not None and server.proc.poll() is not None:
+                raise RuntimeError(f"the server exited while starting:\n{server.tail()}")
+        elif waited - checked > 2:  # a container: not on every poll, an inspect costs more
+            checked = waited
+            if docker("inspect", "--format", "{{.State.Running}}", server) != "true":
+                raise RuntimeError(f"{server[:12]} exited while starting:\n{logs(server)[-3000:]}")
         try:
             resp = send()
             if resp.status_code == 200:
@@ -76,98 +89,145 @@ def until_200(server: Server, launched: float, send: Callable[[], httpx.Response
         except httpx.TransportError:
             pass
         time.sleep(POLL_S)
-    raise TimeoutError(f"no answer after {LIMIT_S} s:\n{server.tail()}")
+    tail = server.tail() if isinstance(server, Server) else logs(server)[-3000:]
+    raise TimeoutError(f"no answer after {LIMIT_S} s:\n{tail}")
 
 
-def embed(client: httpx.Client) -> tuple[np.ndarray, float]:
-    started = time.perf_counter()
-    resp = client.post("/embed", json={"texts": [TEXT]}, timeout=30).raise_for_status()
-    return np.asarray(resp.json()["embeddings"][0], np.float32), time.perf_counter() - started
+def same(a: Any, b: Any) -> bool:
+    """Two answers alike, timings aside: numbers within MAX_ABS_DIFF."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        keys = {k for k in a.keys() | b.keys() if not k.endswith("_ms")}
+        return all(same(a.get(k), b.get(k)) for k in keys)
+    if isinstance(a, list) and isinstance(b, list):
+        return len(a) == len(b) and all(same(x, y) for x, y in zip(a, b, strict=True))
+    numbers = all(isinstance(x, int | float) and not isinstance(x, bool) for x in (a, b))
+    if numbers and (isinstance(a, float) or isinstance(b, float)):
+        return bool(abs(a - b) <= MAX_ABS_DIFF)
+    return bool(type(a) is type(b) and a == b)
+
+
+def answers(
+    client: httpx.Client, route: str, body: Any, launched: float, steady: int, p90: bool = False
+) -> dict[str, float]:
+    """The first answer and ``steady`` more, the first checked against the last (``same``): the
+    seconds from ``launched`` to the first, its latency against the steady p50 (and p90)."""
+
+    def timed() -> tuple[Any, float]:
+        sent = time.perf_counter()
+        answer = client.post(route, json=body, timeout=30).raise_for_status().json()
+        return answer, time.perf_counter() - sent
+
+    first, first_s = timed()
+    answered_s = time.monotonic() - launched
+    warm = [timed() for _ in range(steady)]
+    if not same(first, warm[-1][0]):
+        raise AssertionError(f"{route}'s first answer differs from its warm one")
+    latencies = [latency for _, latency in warm]
+    p50 = statistics.median(latencies)
+    out = {"first_answer_s": round(answered_s, 3), "first_ms": round(first_s * 1000, 1),
+           "steady_p50_ms": round(p50 * 1000, 1)}  # fmt: skip
+    if p90:
+        out["steady_p90_ms"] = round(statistics.quantiles(latencies, n=10)[-1] * 1000, 1)
+    return {**out, "first_over_steady": round(first_s / p50, 2)}
 
 
 def logged(server: Server, launched_at: float) -> dict[str, dict[str, float]]:
     """Each service's start as it logged it, its start and ready as seconds after the launch."""
-    return {
-        r["service"]: {
-            "started_s": round(r["started_at"] - launched_at, 3),
-            **{k: r[k] for k in ("import_s", "load_s", "warm_up_s", "total_s")},
-            "ready_s": round(r["ready_at"] - launched_at, 3),
-        }
-        for r in parse(server.log.read_text(errors="replace"))
-    }
+    return {r["service"]: {"started_s": round(r["started_at"] - launched_at, 3),
+                           **{k: r[k] for k in ("import_s", "load_s", "warm_up_s", "total_s")},
+                           "ready_s": round(r["ready_at"] - launched_at, 3)}
+            for r in parse(server.log.read_text(errors="replace"))}  # fmt: skip
 
 
 def one_start(index: int, steady: int, idle: float) -> dict[str, Any]:
-    """Launch the graph, time it to ready and to its first correct answer, watch it at rest, stop
-    it."""
+    """Start the graph, time it to ready and its first correct answer, watch it at rest, stop it."""
     server = bentoml_serve(".", log_path(f"cold-start-{index}.log"))
     launched_at, launched = time.time(), time.monotonic()
     server.launch()
     try:
         with httpx.Client(base_url=server.url) as client:
-            ready_s = until_200(server, launched, lambda: client.get("/readyz", timeout=2))[1]
-            first, first_latency = embed(client)
-            answered_s = time.monotonic() - launched
-            latencies, vector = [], first
-            for _ in range(steady):
-                vector, latency = embed(client)
-                latencies.append(latency)
-        diff = float(np.max(np.abs(first - vector)))
-        if diff > MAX_ABS_DIFF:
-            raise AssertionError(f"the first answer is off the warm one by {diff:.1e}")
+            ready_s = until_200(launched, lambda: client.get("/readyz", timeout=2), server)[1]
+            figures = answers(client, "/embed", {"texts": [TEXT]}, launched, steady, p90=True)
         services = logged(server, launched_at)
         time.sleep(REST_S)
         rest = at_rest(server, sorted(services), idle)
     finally:
         server.stop()
-    steady_p50 = statistics.median(latencies)
-    steady_p90 = statistics.quantiles(latencies, n=10)[-1]
-    return {
-        "ready_s": round(ready_s, 3),
-        "first_answer_s": round(answered_s, 3),
-        "first_ms": round(first_latency * 1000, 1),
-        "steady_p50_ms": round(steady_p50 * 1000, 1),
-        "steady_p90_ms": round(steady_p90 * 1000, 1),
-        "first_over_steady": round(first_latency / steady_p50, 2),
-        "services": services,
-        "at_rest": rest,
-    }
+    return {"ready_s": round(ready_s, 3), **figures, "services": services, "at_rest": rest}
 
 
-# A service started by itself, as its container starts it: its route polled from launch until it
-# answers. The tokenizer's runners are URLs (BentoML reads each one's schema as the tokenizer
-# starts, so they are up first, as in the compose stack); /tokenize needs none of them.
-RUNNERS = {"ONNX": "runners.onnx.service:OnnxRunner", "TF": "runners.tf.service:TFRunner",
-           "TENANT": "runners.tenants.service:TenantRunner"}  # fmt: skip
-IDS = [[101, 2129, 2079, 1045, 25141, 2026, 20786, 1029, 102]]  # TEXT by MiniLM's tokenizer
-ALONE: dict[str, tuple[str, str, dict[str, Any]]] = {
-    "tokenizer": ("services.tokenizer.service:Tokenizer", "/tokenize", {"texts": [TEXT]}),
-    "onnx_runner": (RUNNERS["ONNX"], "/embed", {"ids": IDS}),
+# image -> (the service its log names, the route of its first answer and its body, its settings as
+# deploy/compose/docker-compose.yml gives them, not its resource limits). A tenant runner with an
+# empty store has no tenant to classify: its first answer is its listing. The tokenizer's settings
+# are its runners' URLs, by the names ``runners`` gives them.
+MINILM = {"BUNDLE_ONNX_WORKERS": "1", "BUNDLE_ONNX_MODELS": "all-MiniLM-L6-v2"}
+RUNNER_URLS = {
+    f"BUNDLE_TOKENIZER_{k}_URL": f"http://{k.lower()}-runner:3000" for k in ("ONNX", "TF", "TENANT")
+}
+IMAGES: dict[str, tuple[str, str, dict[str, Any], dict[str, str]]] = {
+    "onnx-runner": ("onnx_runner", "/embed", {"ids": IDS}, MINILM),
+    "tf-runner": ("tf_runner", "/embed", {"ids": IDS}, {}),
+    "tenant-runner": ("tenant_runner", "/tenants/list", {}, {}),
+    "tokenizer": ("tokenizer", "/embed", {"texts": [TEXT]}, RUNNER_URLS),
 }
 
 
-def alone(index: int, name: str, env: dict[str, str]) -> dict[str, Any]:
-    """One service by itself: seconds from launch to its first correct answer (the answer it
-    gives once warm), and its start's parts."""
-    target, route, body = ALONE[name]
-    server = bentoml_serve(target, log_path(f"cold-start-{name}-{index}.log"), env)
-    launched = time.monotonic()
-    server.launch()
-    try:
-        with httpx.Client(base_url=server.url) as client:
-            post = lambda: client.post(route, json=body, timeout=5)  # noqa: E731
-            first, answered_s = until_200(server, launched, post)
-            # Ready: its log has its parts.
-            ready_s = until_200(server, launched, lambda: client.get("/readyz", timeout=2))[1]
-            warm = client.post(route, json=body, timeout=5).json()
-        timings = [k for k in warm if k.endswith("_ms")]
-        if {**first, **dict.fromkeys(timings)} != {**warm, **dict.fromkeys(timings)}:
-            raise AssertionError(f"{name}'s first answer differs from its warm one")
-        parts = logged(server, 0.0).get(name, {})
-    finally:
-        server.stop()
-    own: dict[str, float] = {k: parts[k] for k in ("import_s", "load_s", "warm_up_s") if k in parts}
-    return {"first_answer_s": round(answered_s, 3), "ready_s": round(ready_s, 3), **own}
+def image_start(image: str, net: str, tag: str, steady: int) -> dict[str, Any]:
+    """One container of ``image`` from its launch to ready and its first correct answer."""
+    service, route, body, env = IMAGES[image]
+    name = f"{image}--{uuid.uuid4().hex[:6]}"
+    with container(image, name, net, env, tag) as (cid, launched_at, launched):
+        with httpx.Client(base_url=f"http://127.0.0.1:{port(cid)}") as client:
+            # The timeout outlasts a tokenizer's own wait for its warm-up (WARM_UP_TIMEOUT_S).
+            ready_s = until_200(launched, lambda: client.get("/readyz", timeout=5), cid)[1]
+            figures = answers(client, route, body, launched, steady)
+        started = docker("inspect", "--format", "{{.State.StartedAt}}", cid)
+        container_s = dt.datetime.fromisoformat(started).timestamp() - launched_at
+        # Each worker logs its start; the container is ready with the last of them.
+        log = logs(cid)
+        records = [r for r in parse(log) if r["service"] == service]
+    if not records:
+        raise RuntimeError(f"{image} logged no start of {service}:\n{log[-3000:]}")
+    last = max(records, key=lambda r: r["ready_at"])
+    return {"container_started_s": round(container_s, 3),
+            "worker_started_s": round(last["started_at"] - launched_at, 3),
+            **{k: last[k] for k in ("import_s", "load_s", "warm_up_s")},
+            "ready_s": round(ready_s, 3), **figures}  # fmt: skip
+
+
+def measure(
+    images: list[str], starts: int, tag: str | None = None, steady: int = 30
+) -> dict[str, dict[str, Any]]:
+    """``starts`` starts of each of ``images`` (tagged ``tag``, default ``IMAGE_TAG`` or latest)
+    and their medians (``repeated``), on a network of their own; the tokenizer's last, with the
+    three runners up beside it (``runners``)."""
+    if steady < 1:
+        raise ValueError("steady: at least one answer after the first, to compare it with")
+    tag = tag or os.environ.get("IMAGE_TAG", "latest")
+    found: dict[str, dict[str, Any]] = {}
+    with network("bundle-cold") as net:
+        for image in sorted(images, key=lambda i: i == "tokenizer"):
+            one = lambda _, image=image: image_start(image, net, tag, steady)  # noqa: E731
+            with runners(net, tag) if image == "tokenizer" else contextlib.nullcontext():
+                found[image] = repeated(image, starts, one)
+    return found
+
+
+@contextlib.contextmanager
+def runners(net: str, tag: str) -> Iterator[None]:
+    """The three runners' containers on ``net`` under the names the tokenizer is given, ready,
+    called directly (no proxy): it reads their schemas as it starts. Every model of the catalogue
+    on the ONNX one (its warm-up asks each)."""
+    suffix = f"--{uuid.uuid4().hex[:6]}"  # names are the engine's; the alias is the network's
+    with contextlib.ExitStack() as stack:
+        started = []
+        for image in ("onnx-runner", "tf-runner", "tenant-runner"):
+            env = {"BUNDLE_ONNX_WORKERS": "1"} if image == "onnx-runner" else {}
+            started.append(stack.enter_context(container(image, image + suffix, net, env, tag)))
+        for cid, _, launched in started:
+            with httpx.Client(base_url=f"http://127.0.0.1:{port(cid)}") as client:
+                until_200(launched, functools.partial(client.get, "/readyz", timeout=5), cid)
+        yield
 
 
 def repeated(label: str, starts: int, one: Callable[[int], dict[str, Any]]) -> dict[str, Any]:
@@ -209,8 +269,6 @@ def render(result: dict[str, Any]) -> str:
     ]
     parts = ["process started", "import", "model load", "warm-up", "start total", "ready"]
     lines += table("service", parts, m["services"], " s")
-    alone = {name: found["median"] for name, found in result.get("alone", {}).items()}
-    lines += table("service alone", ["first correct answer", "ready", *parts[1:4]], alone, " s")
     rest = ["CPU (share of a core)", "wake-ups per second", "resident MB"]
     lines += table("at rest", rest, m["at_rest"])
     if images := {name: found["median"] for name, found in result.get("images", {}).items()}:
@@ -220,40 +278,26 @@ def render(result: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def run(starts: int, steady: int, idle: float, services: bool = True) -> dict[str, Any]:
+def meta(measured: str) -> dict[str, Any]:
+    """How and on what code a run was measured."""
+    return {
+        **record_meta(measured),
+        "command": "python -m loadtests.cold_start " + " ".join(sys.argv[1:]),
+    }
+
+
+def run(starts: int, steady: int, idle: float) -> dict[str, Any]:
     measured = commit()  # the code the servers start with, not what the tree holds at the end
     graph = repeated("start", starts, lambda index: one_start(index, steady, idle))
-    by_itself: dict[str, Any] = {}
-    if services:
-        alone_in = lambda name, env: lambda index: alone(index, name, env)  # noqa: E731
-        by_itself["onnx_runner"] = repeated(
-            "onnx_runner alone", starts, alone_in("onnx_runner", {})
-        )
-        runners = {
-            kind: bentoml_serve(target, log_path(f"cold-start-runner-{kind.lower()}.log"))
-            for kind, target in RUNNERS.items()
-        }
-        with Servers(runners) as up:
-            urls = {f"BUNDLE_TOKENIZER_{kind}_URL": s.url for kind, s in up.items()}
-            by_itself["tokenizer"] = repeated(
-                "tokenizer alone", starts, alone_in("tokenizer", urls)
-            )
-    command = "python -m loadtests.cold_start " + " ".join(sys.argv[1:])
-    meta = {**record_meta(measured), "command": command}
-    return {"meta": meta, **graph, "alone": by_itself}
+    return {"meta": meta(measured), **graph}
 
 
 def with_images(result: dict[str, Any], starts: int, steady: int) -> dict[str, Any]:
     """``result`` (a record of the graph) with each image's starts and their medians added, and
     how and on what code they were measured."""
-    from loadtests import cold_start_images
-
     measured = commit()
-    found = cold_start_images.measure(list(cold_start_images.IMAGES), starts, steady=steady)
-    images = {name: {"starts": runs, "median": medians(runs)} for name, runs in found.items()}
-    command = "python -m loadtests.cold_start " + " ".join(sys.argv[1:])
-    meta = {**result["meta"], "images": {**record_meta(measured), "command": command}}
-    return {**result, "meta": meta, "images": images}
+    images = measure(list(IMAGES), starts, steady=steady)
+    return {**result, "meta": {**result["meta"], "images": meta(measured)}, "images": images}
 
 
 # Where the graph's last recorded run is, for ``--images`` to add to: named by its date, which a
@@ -279,11 +323,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steady", type=int, default=30, help="answers after the first")
     parser.add_argument("--idle", type=float, default=10.0, help="seconds watched at rest")
     parser.add_argument("--record", action="store_true", help="write loadtests/results/")
-    parser.add_argument(
-        "--images",
-        action="store_true",
-        help="each image instead, added to the graph's last record (a Docker engine, `make images`)",
-    )
+    parser.add_argument("--images", action="store_true", help="each image's container instead")
     args = parser.parse_args(argv)
     if args.images:
         path = graph_record(commit())
@@ -293,8 +333,7 @@ def main(argv: list[str] | None = None) -> int:
         path = RESULTS / f"{result['meta']['date'][:10]}.json"
     print(render(result))
     if args.record:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(result, indent=1) + "\n")
+        write(path, result, indent=1)
         LAST.parent.mkdir(parents=True, exist_ok=True)
         LAST.write_text(f"{path}\n")
         print(f"recorded in {path.relative_to(ROOT)}")

@@ -8,12 +8,11 @@ from __future__ import annotations
 
 import os
 import platform
-import urllib.error
-import urllib.request
 from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
 
+import httpx
 import psutil
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -41,9 +40,8 @@ def machine(cpuinfo: str | None = None) -> str:
     if "cpu family" in fields:
         cpu += f", family {fields['cpu family']} model {fields.get('model', '?')}"
     if flags:
-        cpu += ", " + (
-            " ".join(f for f in ISA_FLAGS if f in flags) or "none of " + "/".join(ISA_FLAGS)
-        )
+        isa = " ".join(f for f in ISA_FLAGS if f in flags) or "none of " + "/".join(ISA_FLAGS)
+        cpu += ", " + isa
     return f"{platform.machine()}, {os.cpu_count()} cores, {cpu}, {platform.platform()}"
 
 
@@ -57,18 +55,14 @@ class Usage:
     other_s: float  # every other thread
 
 
-def _thread_seconds(pid: int, tid: int) -> float:
-    fields = Path(f"/proc/{pid}/task/{tid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / TICKS  # utime + stime
-
-
 def usage(pid: int) -> Usage:
     main = other = 0.0
     for entry in os.scandir(f"/proc/{pid}/task"):
         try:
-            seconds = _thread_seconds(pid, int(entry.name))
+            fields = Path(entry.path, "stat").read_text().rsplit(")", 1)[1].split()
         except (FileNotFoundError, ProcessLookupError):
             continue  # a thread that ended meanwhile
+        seconds = (int(fields[11]) + int(fields[12])) / TICKS  # utime + stime
         if int(entry.name) == pid:
             main = seconds
         else:
@@ -98,9 +92,8 @@ def label(proc: psutil.Process) -> str:
         argv = proc.cmdline()
     except psutil.Error:
         return str(proc.pid)
-    named = [argv[i + 1] for i, a in enumerate(argv[:-1]) if a == "--service-name"]
-    if named:
-        return named[0]
+    if "--service-name" in argv[:-1]:
+        return argv[argv.index("--service-name") + 1]
     if any("uvicorn" in a for a in argv[:2]):
         return "uvicorn"
     return (
@@ -113,9 +106,14 @@ def workers(server: Server, service: str) -> list[psutil.Process]:
     return [proc for proc in server.descendants() if label(proc) == service]
 
 
-def snapshot(processes: list[psutil.Process]) -> dict[int, tuple[str, Usage]]:
+def processes(server: Server) -> list[psutil.Process]:
+    """The server's process and its live descendants (``Server.descendants``)."""
+    return [server.process(), *server.descendants()]
+
+
+def snapshot(server: Server) -> dict[int, tuple[str, Usage]]:
     out = {}
-    for proc in processes:
+    for proc in processes(server):
         try:
             out[proc.pid] = (label(proc), usage(proc.pid))
         except (FileNotFoundError, ProcessLookupError, psutil.Error):
@@ -126,12 +124,9 @@ def snapshot(processes: list[psutil.Process]) -> dict[int, tuple[str, Usage]]:
 def engine_seconds(url: str) -> dict[str, float]:
     """Engine CPU seconds so far of each runner (by service name), from the server's ``/metrics``
     (the front service's page has the runners' series too: one multiprocess directory a graph).
-    Empty for a server without the counter (the baselines)."""
-    try:
-        with urllib.request.urlopen(f"{url}/metrics", timeout=30) as resp:
-            return engine_seconds_in(resp.read().decode())
-    except urllib.error.HTTPError:  # a server with no /metrics
-        return {}
+    Empty for a server without the counter (the baselines), or without /metrics."""
+    resp = httpx.get(f"{url}/metrics", timeout=30)
+    return engine_seconds_in(resp.text) if resp.is_success else {}
 
 
 def engine_seconds_in(exposition: str) -> dict[str, float]:

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import yaml
@@ -26,8 +26,7 @@ SATURATING_USERS = 64
 
 
 def two_models(out: Path) -> tuple[Path, str]:
-    """A catalogue of the default one's first embed model and a second model with its weights;
-    returns its path and A's name."""
+    """The catalogue of A and B, written to ``out``: its path, and A's name."""
     from serving import catalogue
 
     first = catalogue.current().default("embed")
@@ -40,26 +39,20 @@ def two_models(out: Path) -> tuple[Path, str]:
     if not source.startswith("package:") and not Path(source).is_absolute():
         local = catalogue.path().parent / source
         source = str(local.resolve()) if local.exists() else source  # else a hub id
-    entries = [
-        {**m.model_dump(exclude_none=True), "source": source}
-        for m in (first.model_copy(update={"backends": ("onnx",)}), second)
-    ]
+    entries = [{**m.model_dump(exclude_none=True), "source": source}
+               for m in (first.model_copy(update={"backends": ("onnx",)}), second)]  # fmt: skip
     path = out / "two-models.yaml"
     path.write_text(yaml.safe_dump({"models": entries}, sort_keys=False))
     return path, first.name
 
 
-def build(path: Path) -> None:
-    """B into the model store (``python -m models.build --catalogue path --only B``, built once and
-    reused after); A is the default catalogue's, already built by `make models`."""
-    argv = [sys.executable, "-m", "models.build", "--catalogue", str(path), "--only", SECOND]
-    subprocess.run(argv, cwd=ROOT, check=True)
-
-
 def measure(out: Path, seconds: float) -> dict:
     """B's one-sentence latency alone and beside A's bulk saturation, on one graph."""
     path, first = two_models(out)
-    build(path)
+    # B into the model store (built once, reused after); A is the default catalogue's, already
+    # built by `make models`.
+    argv = [sys.executable, "-m", "models.build", "--catalogue", str(path), "--only", SECOND]
+    subprocess.run(argv, cwd=ROOT, check=True)
     b_bodies = loadgen.write_bodies("chat", out / "bodies" / "isolation-b.jsonl", model=SECOND)
     a_bodies = loadgen.write_bodies("bulk", out / "bodies" / "isolation-a.jsonl", model=first)
     env = {"BUNDLE_CATALOGUE": str(path)}
@@ -67,28 +60,20 @@ def measure(out: Path, seconds: float) -> dict:
         url = up["two models"].url
         loadgen.run(url, "/embed", b_bodies, 1, 2)  # warm-up
         alone = loadgen.run(url, "/embed", b_bodies, 1, seconds)
-        loads: dict[str, loadgen.Load] = {}
         # A starts first and ends last: B is measured only while A is saturated.
-        saturating = threading.Thread(
-            target=lambda: loads.setdefault(
-                "a", loadgen.run(url, "/embed", a_bodies, SATURATING_USERS, seconds + 6)
+        with ThreadPoolExecutor(1) as pool:
+            saturating = pool.submit(
+                loadgen.run, url, "/embed", a_bodies, SATURATING_USERS, seconds + 6
             )
-        )
-        saturating.start()
-        time.sleep(3)
-        beside = loadgen.run(url, "/embed", b_bodies, 1, seconds)
-        saturating.join()
-    a = loads["a"]
+            time.sleep(3)
+            beside = loadgen.run(url, "/embed", b_bodies, 1, seconds)
+        a = saturating.result()
     return {
-        "model_a": first,
-        "model_b": SECOND,
-        "b_alone_p50_ms": alone.p50_ms,
-        "b_alone_p99_ms": alone.p99_ms,
-        "b_beside_a_p50_ms": beside.p50_ms,
-        "b_beside_a_p99_ms": beside.p99_ms,
+        "model_a": first, "model_b": SECOND,
+        "b_alone_p50_ms": alone.p50_ms, "b_alone_p99_ms": alone.p99_ms,
+        "b_beside_a_p50_ms": beside.p50_ms, "b_beside_a_p99_ms": beside.p99_ms,
         "b_p99_ratio": round(beside.p99_ms / alone.p99_ms, 2),
         "b_failed": alone.failed + beside.failed + alone.shed + beside.shed,
-        "a_sentences_per_s": round(a.ok * loadgen.BULK / a.seconds, 1),
-        "a_shed": a.shed,
+        "a_sentences_per_s": round(a.ok * loadgen.BULK / a.seconds, 1), "a_shed": a.shed,
         "seconds": seconds,
-    }
+    }  # fmt: skip

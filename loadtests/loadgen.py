@@ -33,13 +33,6 @@ class Load:
     loadgen_cpu_s: float  # the load generator's own CPU time over the run
 
 
-def wrk_binary() -> str:
-    found = shutil.which("wrk")
-    if not found:
-        raise SystemExit("error: wrk is not installed: `make tools` installs it (Debian package)")
-    return found
-
-
 def write_bodies(
     workload: str, out: Path, backend: str = "", count: int = 2000, model: str = ""
 ) -> Path:
@@ -47,8 +40,7 @@ def write_bodies(
     whatever the backend or model)."""
     texts = corpus.load_texts()
     rng = random.Random(7)
-    extra = {"backend": backend} if backend else {}
-    extra |= {"model": model} if model else {}
+    extra = {k: v for k, v in (("backend", backend), ("model", model)) if v}
 
     def body(i: int) -> str:
         chosen = [texts[i % len(texts)]] if workload == "chat" else rng.sample(texts, BULK)
@@ -64,7 +56,9 @@ def run(
     url: str, path: str, bodies: Path, connections: int, seconds: float, timeout_s: float = 30
 ) -> Load:
     """``connections`` closed-loop clients for ``seconds``; statuses, latency and wrk's own CPU."""
-    argv = [wrk_binary(), "-t1", f"-c{connections}", f"-d{seconds:.0f}s"]
+    if not (wrk := shutil.which("wrk")):
+        raise SystemExit("error: wrk is not installed: `make tools` installs it (Debian package)")
+    argv = [wrk, "-t1", f"-c{connections}", f"-d{seconds:.0f}s"]
     argv += [f"--timeout={timeout_s:.0f}s", "-s", str(SCRIPT), url, "--", path, str(bodies)]
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     started = time.perf_counter()
@@ -82,13 +76,9 @@ def run(
     shed = statuses.get("429", 0) + statuses.get("503", 0)
     answered = sum(statuses.values())
     return Load(
-        requests=answered,
-        ok=ok,
-        shed=shed,
+        requests=answered, ok=ok, shed=shed,
         failed=answered - ok - shed + int(out["socket_errors"]),
         seconds=float(out["seconds"]) or wall,
-        p50_ms=float(out["p50_ms"]),
-        p99_ms=float(out["p99_ms"]),
-        statuses=statuses,
+        p50_ms=float(out["p50_ms"]), p99_ms=float(out["p99_ms"]), statuses=statuses,
         loadgen_cpu_s=(after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime),
-    )
+    )  # fmt: skip

@@ -6,6 +6,7 @@ server serves); ``Driver.closed`` runs a closed loop, to find what the server se
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import random
 import time
 from collections import Counter
@@ -41,7 +42,7 @@ def refusal(status: int, body: str) -> tuple[bool, bool]:
     return expired, at_admission
 
 
-class Driver:
+class Driver(contextlib.AbstractAsyncContextManager["Driver"]):
     """Requests to one server: ``make`` draws each request, ``check`` says why a 200 is wrong
     ('' when right). Idle connections are dropped before the servers' 5 s keep-alive timeout."""
 
@@ -120,9 +121,6 @@ class Driver:
                 await asyncio.sleep(delay)
             tasks.append(asyncio.create_task(self.one(into)))
         await asyncio.gather(*tasks)
-
-    async def __aenter__(self) -> Driver:
-        return self
 
     async def __aexit__(self, *_: object) -> None:
         await self.client.aclose()

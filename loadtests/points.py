@@ -4,12 +4,12 @@ each server process spent per request; and the workloads, user counts and system
 
 from __future__ import annotations
 
-import http.client
 import os
 import time
-import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
+
+import httpx
 
 from loadtests import cpu, loadgen
 from testkit.processes import ROOT, Server
@@ -54,16 +54,17 @@ def bodies(workload: str, backend: str = "") -> Path:
     return loadgen.write_bodies(workload, OUT / "bodies" / name, backend=backend)
 
 
-def measure(
-    server: Server, processes_first: bool
-) -> tuple[dict[int, tuple[str, cpu.Usage]], dict[str, float]]:
-    """Every process's CPU (/proc) and the runners' engine CPU (``/metrics``): before a load the
-    counter first, after it /proc first, so the ``/metrics`` request falls outside the window."""
-    if processes_first:
-        processes = cpu.snapshot([server.process(), *server.descendants()])
-        return processes, cpu.engine_seconds(server.url)
-    engine = cpu.engine_seconds(server.url)
-    return cpu.snapshot([server.process(), *server.descendants()]), engine
+def loaded(
+    server: Server, path: str, bodies: Path, users: int, seconds: float
+) -> tuple[loadgen.Load, dict[str, dict[str, float]]]:
+    """wrk's load, and every process's CPU (/proc) and the runners' engine CPU (``/metrics``) per
+    request: the counter read outside the /proc window, so its request is not counted in it."""
+    engine_before = cpu.engine_seconds(server.url)
+    before = cpu.snapshot(server)
+    load = loadgen.run(server.url, path, bodies, users, seconds)
+    after = cpu.snapshot(server)
+    engine = (engine_before, cpu.engine_seconds(server.url))
+    return load, cpu.per_request(before, after, load.ok, engine)
 
 
 def point(
@@ -76,26 +77,16 @@ def point(
     backend: str = "",
     restarted: list[str] | None = None,
 ) -> Point:
-    before, engine_before = measure(server, processes_first=False)
-    load = loadgen.run(server.url, "/embed", bodies(workload, backend), users, seconds)
-    after, engine_after = measure(server, processes_first=True)
+    load, cpu_ms = loaded(server, "/embed", bodies(workload, backend), users, seconds)
     ok_per_s = load.ok / load.seconds
     return Point(
-        system,
-        workload,
-        users,
-        repeat,
-        sentences_per_s=ok_per_s * WORKLOADS.get(workload, 1),
-        requests_per_s=ok_per_s,
-        p50_ms=load.p50_ms,
-        p99_ms=load.p99_ms,
-        requests=load.requests,
-        failures=load.failed,
-        shed=load.shed,
+        system, workload, users, repeat,
+        sentences_per_s=ok_per_s * WORKLOADS.get(workload, 1), requests_per_s=ok_per_s,
+        p50_ms=load.p50_ms, p99_ms=load.p99_ms, requests=load.requests,
+        failures=load.failed, shed=load.shed,
         loadgen_cpu_share=load.loadgen_cpu_s / (load.seconds * (os.cpu_count() or 1)),
-        cpu_ms_per_request=cpu.per_request(before, after, load.ok, (engine_before, engine_after)),
-        restarted=list(restarted or []),
-    )
+        cpu_ms_per_request=cpu_ms, restarted=list(restarted or []),
+    )  # fmt: skip
 
 
 def drain(url: str, timeout_s: float = 120) -> bool:
@@ -104,16 +95,11 @@ def drain(url: str, timeout_s: float = 120) -> bool:
     deadline = time.monotonic() + timeout_s
     while (left := deadline - time.monotonic()) > 0:
         sent = time.monotonic()
-        request = urllib.request.Request(
-            f"{url}/embed",
-            data=b'{"texts": ["drain"]}',
-            headers={"content-type": "application/json"},
-        )
         try:
-            with urllib.request.urlopen(request, timeout=min(30.0, left)) as resp:
-                if resp.status == 200 and time.monotonic() - sent < 0.5:
-                    return True
-        except (OSError, http.client.HTTPException):  # refused, reset, timed out, cut short
+            resp = httpx.post(f"{url}/embed", json={"texts": ["drain"]}, timeout=min(30.0, left))
+            if resp.status_code == 200 and time.monotonic() - sent < 0.5:
+                return True
+        except httpx.HTTPError:  # refused, reset, timed out, cut short
             pass
         time.sleep(max(0.0, min(0.5, deadline - time.monotonic())))
     return False

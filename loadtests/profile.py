@@ -4,7 +4,7 @@
     python -m loadtests.profile --render loadtests/results/profiles/DATE.json
 
 Samples are shares, /proc gives the amounts (py-spy counts a thread waiting for a core as active);
-Python frames only: an extension's time is counted at the Python line that called it (``_CALLS``).
+Python frames only: an extension's time is counted at the Python line that called it (``_RULES``).
 ``PROFILE_SECONDS`` sets the length; a run shorter than FULL_SECONDS (the test's) is not recorded.
 """
 
@@ -20,7 +20,7 @@ from collections import Counter
 from pathlib import Path
 
 from loadtests import cpu, loadgen
-from loadtests.bench import commit, record_meta
+from loadtests.bench import commit, record_meta, write
 from loadtests.points import MIDDLE, OUT, bodies
 from testkit.processes import BIN, ROOT, Server, adopt_orphans, bentoml_serve
 
@@ -31,38 +31,36 @@ PROCESSES = ("tokenizer", "onnx_runner")
 
 ASYNC = "asyncio and threads (futures, locks, queues, hand-offs)"
 
-# Python lines that call into an extension, by (file suffix, function): the sample is the
-# extension's work. Checked on every frame before the file rules below.
-_CALLS: tuple[tuple[str, str, str], ...] = (
-    ("serving/features.py", "tokenize", "tokenizing (tokenizers, Rust)"),
-    ("serving/features.py", "pad", "padding (NumPy)"),
-    ("serving/replies.py", "dumps", "JSON"),  # orjson, in C
-    # a lane thread between calls: SimpleQueue's get, call_soon_threadsafe (both in C)
-    ("serving/batching/batcher.py", "_serve", ASYNC),
-)
 # A sample whose leaf is the loop's own entry point is time in uvloop's C code (the sockets'
 # reads and writes, the callbacks' scheduling): no Python frame of its own to name it by.
 LOOP = "event loop (uvloop's C: sockets, callbacks)"
 _LOOP_LEAVES = ("run_forever", "run_until_complete", "Runner.run", "run")
 _LOOP_FILES = re.compile(r"(^|/)asyncio/(runners|base_events)\.py$")
-# (pattern on a frame's file, category), the first match from the leaf wins.
-_FILES: tuple[tuple[str, str], ...] = (
-    (r"onnxruntime/", "engine (ONNX Runtime)"),
-    (r"(^|/)tokenizers/|sentencepiece", "tokenizing (tokenizers, Rust)"),
-    (r"(^|/)json/|orjson|msgspec", "JSON"),
-    (r"(^|/)numpy/", "NumPy"),
-    (r"(^|/)(pydantic|pydantic_core)/", "validation (pydantic)"),
-    (r"prometheus_client/", "metrics (prometheus_client)"),
-    (r"uvicorn/|httptools|h11/", "HTTP (uvicorn)"),
+# (pattern on a frame's file, its function or any, category): the first match from the leaf wins.
+# First the Python lines that call into an extension: the sample is the extension's work.
+_RULES: tuple[tuple[str, str | None, str], ...] = (
+    (r"serving/features\.py$", "tokenize", "tokenizing (tokenizers, Rust)"),
+    (r"serving/features\.py$", "pad", "padding (NumPy)"),
+    (r"serving/replies\.py$", "dumps", "JSON"),  # orjson, in C
+    # a lane thread between calls: SimpleQueue's get, call_soon_threadsafe (both in C)
+    (r"serving/batching/batcher\.py$", "_serve", ASYNC),
+    (r"onnxruntime/", None, "engine (ONNX Runtime)"),
+    (r"(^|/)tokenizers/|sentencepiece", None, "tokenizing (tokenizers, Rust)"),
+    (r"(^|/)json/|orjson|msgspec", None, "JSON"),
+    (r"(^|/)numpy/", None, "NumPy"),
+    (r"(^|/)(pydantic|pydantic_core)/", None, "validation (pydantic)"),
+    (r"prometheus_client/", None, "metrics (prometheus_client)"),
+    (r"uvicorn/|httptools|h11/", None, "HTTP (uvicorn)"),
     (
         r"aiohttp/|httpx/|httpcore/|services/tokenizer/hop\.py",
+        None,
         "HTTP client (the hop to the runner)",
     ),
-    (r"starlette/|_?bentoml(_impl|_sdk)?/|opentelemetry/", "ASGI app, BentoML's machinery"),
-    (r"asyncio/|uvloop/|anyio/|(^|/)selectors\.py|threading\.py", ASYNC),
-    (r"serving/(hot_path|replies)\.py", "the lean route (serving/hot_path.py, replies.py)"),
-    (r"serving/batching/", "batching (serving/batching)"),
-    (r"(^|/)(serving|services|runners)/", "this project's other code"),
+    (r"starlette/|_?bentoml(_impl|_sdk)?/|opentelemetry/", None, "ASGI app, BentoML's machinery"),
+    (r"asyncio/|uvloop/|anyio/|(^|/)selectors\.py|threading\.py", None, ASYNC),
+    (r"serving/(hot_path|replies)\.py", None, "the lean route (serving/hot_path.py, replies.py)"),
+    (r"serving/batching/", None, "batching (serving/batching)"),
+    (r"(^|/)(serving|services|runners)/", None, "this project's other code"),
 )
 OTHER = "other"
 
@@ -76,11 +74,8 @@ def categorize(stack: list[str]) -> str:
     if leaf and leaf["function"] in _LOOP_LEAVES and _LOOP_FILES.search(leaf["file"]):
         return LOOP
     for frame in frames:
-        for suffix, function, category in _CALLS:
-            if frame["file"].endswith(suffix) and frame["function"] == function:
-                return category
-        for pattern, category in _FILES:
-            if re.search(pattern, frame["file"]):
+        for pattern, function, category in _RULES:
+            if re.search(pattern, frame["file"]) and function in (None, frame["function"]):
                 return category
     return OTHER
 
@@ -122,29 +117,24 @@ def sample(pid: int, seconds: float, rate: int, into: Path) -> subprocess.Popen:
     return subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
-def workers(server: Server) -> dict[str, int]:
-    """The PID of each profiled service's worker (one each in the stack's defaults)."""
-    found = {name: cpu.workers(server, name) for name in PROCESSES}
+def profile(server: Server, users: int, seconds: float, rate: int = 250) -> dict:
+    found = {name: cpu.workers(server, name) for name in PROCESSES}  # one each by default
     if wrong := {name: len(procs) for name, procs in found.items() if len(procs) != 1}:
         raise RuntimeError(f"workers found, not one of each: {wrong}")
-    return {name: procs[0].pid for name, procs in found.items()}
-
-
-def profile(server: Server, users: int, seconds: float, rate: int = 250) -> dict:
-    pids = workers(server)
+    pids = {name: procs[0].pid for name, procs in found.items()}
     body = bodies("chat", "")
     loadgen.run(server.url, "/embed", body, users, 3)  # warm: the batcher's plans, the caches
     # py-spy's raw stacks are kept beside the figures (flamegraph.pl reads them as they are)
     stacks = OUT / "profile"
     stacks.mkdir(parents=True, exist_ok=True)
     files = {name: stacks / f"{name}.txt" for name in pids}
-    before = cpu.snapshot([server.process(), *server.descendants()])
+    before = cpu.snapshot(server)
     samplers: dict[str, subprocess.Popen] = {}
     try:
         for name, pid in pids.items():
             samplers[name] = sample(pid, seconds, rate, files[name])
         load = loadgen.run(server.url, "/embed", body, users, seconds)
-        after = cpu.snapshot([server.process(), *server.descendants()])
+        after = cpu.snapshot(server)
         for name, proc in samplers.items():
             said, _ = proc.communicate(timeout=seconds + 60)
             if proc.returncode or not files[name].exists():
@@ -162,23 +152,14 @@ def profile(server: Server, users: int, seconds: float, rate: int = 250) -> dict
         )
     if not all(counts[n]["main"] for n in pids):
         raise RuntimeError("no sample of a main thread: py-spy's thread ids were not the PIDs")
-    processes = {
-        name: {
-            "from_proc": proc_cpu[name],
-            **split(proc_cpu[name], kinds),
-            "samples": {kind: sum(by.values()) for kind, by in kinds.items()},
-        }
-        for name, kinds in counts.items()
-    }
+    processes = {name: {"from_proc": proc_cpu[name], **split(proc_cpu[name], kinds),
+                        "samples": {kind: sum(by.values()) for kind, by in kinds.items()}}
+                 for name, kinds in counts.items()}  # fmt: skip
     return {
-        "users": users,
-        "seconds": seconds,
-        "rate_hz": rate,
-        "requests": load.ok,
-        "failed": load.failed + load.shed,
-        "requests_per_s": round(load.ok / load.seconds, 1),
+        "users": users, "seconds": seconds, "rate_hz": rate, "requests": load.ok,
+        "failed": load.failed + load.shed, "requests_per_s": round(load.ok / load.seconds, 1),
         "processes": processes,
-    }
+    }  # fmt: skip
 
 
 def markdown(data: dict) -> str:
@@ -196,20 +177,13 @@ def markdown(data: dict) -> str:
     for name, p in run["processes"].items():
         for kind in ("main", "other_threads"):
             total = p["from_proc"][f"{kind}_ms"]
+            row = f"| {name} | {kind.replace('_', ' ')} |"
             for category, ms in p[kind].items():
                 if ms >= 0.0005:
-                    lines.append(
-                        f"| {name} | {kind.replace('_', ' ')} | {category} | {ms:.3f} | "
-                        f"{ms / total:.0%} |"
-                    )
-            lines.append(
-                f"| {name} | {kind.replace('_', ' ')} | **all** ({p['samples'][kind]:,} samples) "
-                f"| **{total:.3f}** | |"
-            )
-    return (
-        "\n".join(lines)
-        + f"\n\nMeasured {meta['date'][:10]}, {meta['machine']}, commit {meta['commit']}."
-    )
+                    lines.append(f"{row} {category} | {ms:.3f} | {ms / total:.0%} |")
+            lines.append(f"{row} **all** ({p['samples'][kind]:,} samples) | **{total:.3f}** | |")
+    lines += ["", f"Measured {meta['date'][:10]}, {meta['machine']}, commit {meta['commit']}."]
+    return "\n".join(lines)
 
 
 def render(recorded: Path) -> Path:
@@ -241,17 +215,13 @@ def main(argv: list[str] | None = None) -> int:
     print(f"profile: the stack, chat, {args.users} connections, {args.seconds:.0f} s", flush=True)
     with bentoml_serve(".", OUT / "logs" / "profile.log") as server:
         run = profile(server, args.users, args.seconds)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
     data = {"meta": record_meta(measured), "profile": run}
-    args.out.write_text(json.dumps(data, indent=2) + "\n")
+    written = [write(args.out, data)]
     print(markdown(data))
-    written = [args.out]
     if "+" in measured:
         print(f"not recorded: the tree has uncommitted changes ({measured})")
     elif args.seconds >= FULL_SECONDS and not run["failed"]:
-        RECORDED.mkdir(parents=True, exist_ok=True)
-        recorded = RECORDED / f"{data['meta']['date'][:10]}.json"
-        recorded.write_text(json.dumps(data, indent=2) + "\n")
+        recorded = write(RECORDED / f"{data['meta']['date'][:10]}.json", data)
         written += [recorded, render(recorded)]
     print("\nwritten: " + ", ".join(str(p) for p in written))
     return 1 if run["failed"] else 0

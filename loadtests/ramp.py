@@ -21,6 +21,4 @@ class Ramp(LoadTestShape):
     def tick(self) -> tuple[int, float] | None:
         step = int(self.get_run_time() // self.step_s)
         users = self.start_users + step * self.step_users
-        if users > self.max_users:
-            return None
-        return users, float(self.step_users)
+        return None if users > self.max_users else (users, float(self.step_users))

@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import statistics
 import time
+from collections import defaultdict
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import cast
@@ -98,27 +99,23 @@ def raw_engine(
     layouts = ("1 session", f"{cores} lanes")
     rows, budgets = QUICK_PLANS if quick else (ROW_COUNTS, TOKEN_BUDGETS)
     plans = [("rows", n) for n in rows] + [("tokens", n) for n in budgets]
-    rates: dict[str, list[float]] = {
-        f"{kind} {size}, {layout}": [] for layout in layouts for kind, size in plans
-    }
+    rates: dict[str, list[float]] = defaultdict(list)  # in the order the plans are timed
     for _ in range(repeats):
         for layout in layouts:  # interleaved: a noisy moment does not favour one plan
             for kind, size in plans:
                 started = time.perf_counter()
                 run(batches_of(encoded(), kind, size), layout)
-                rates[f"{kind} {size}, {layout}"].append(
-                    len(inputs) / (time.perf_counter() - started)
-                )
+                seconds = time.perf_counter() - started
+                rates[f"{kind} {size}, {layout}"].append(len(inputs) / seconds)
     lanes.shutdown()
     medians = {name: statistics.median(samples) for name, samples in rates.items()}
-    best = max(medians, key=medians.__getitem__)
-    return {
-        "model": model,
-        "backend": backend,
-        "sentences_per_s": medians[best],
-        "plan": best,
-        "by_plan": medians,
-    }
+    return {"model": model, "backend": backend, **_limit(medians)}
+
+
+def _limit(by_plan: dict[str, float]) -> dict:
+    """The best of ``by_plan`` (each plan's rate): its rate and name, and every plan's."""
+    best = max(by_plan, key=by_plan.__getitem__)
+    return {"sentences_per_s": by_plan[best], "plan": best, "by_plan": by_plan}
 
 
 def best_of(*runs: dict) -> dict:
@@ -126,19 +123,9 @@ def best_of(*runs: dict) -> dict:
     plan's best median (a slower minute only ever lowers a measurement), the best plan among
     those, and each measurement as it was, in order."""
     by_plan = {name: max(run["by_plan"][name] for run in runs) for name in runs[0]["by_plan"]}
-    best = max(by_plan, key=by_plan.__getitem__)
-    measured = [
-        {"sentences_per_s": run["sentences_per_s"], "plan": run["plan"], "by_plan": run["by_plan"]}
-        for run in runs
-    ]
+    measured = [{k: run[k] for k in ("sentences_per_s", "plan", "by_plan")} for run in runs]
     named = {key: runs[0][key] for key in ("model", "backend") if key in runs[0]}
-    return {
-        **named,
-        "sentences_per_s": by_plan[best],
-        "plan": best,
-        "by_plan": by_plan,
-        "runs": measured,
-    }
+    return {**named, **_limit(by_plan), "runs": measured}
 
 
 def at_edge(plan: str) -> bool:

@@ -44,48 +44,36 @@ def backend_of(system: str) -> str:
 def _median_cpu(rows: list[dict[str, dict[str, float]]]) -> dict[str, dict[str, float]]:
     """Each process's figures, the median over the repeats that measured it; a figure only some
     repeats have (the engine split, where a runner's counter could not be read) is left out."""
-    names = {name for row in rows for name in row}
     out = {}
-    for name in sorted(names):
+    for name in sorted({name for row in rows for name in row}):
         measured = [r[name] for r in rows if name in r]
         keys = [k for k in measured[0] if all(k in m for m in measured)]
         out[name] = {k: round(statistics.median(m[k] for m in measured), 4) for k in keys}
     return out
 
 
-def aggregate(points: list[Point]) -> list[dict]:
-    """One row per (system, workload, users): medians over the repeats, and the spread."""
+def table(points: list[Point]) -> list[dict]:
+    """One row per (system, workload, users): medians over the repeats, and the spread; in the
+    table's order: workload, users, system."""
     groups: dict[tuple[str, str, int], list[Point]] = defaultdict(list)
     for p in points:
         groups[(p.system, p.workload, p.users)].append(p)
     rows = []
     for (system, workload, users), ps in groups.items():
         rates = [p.sentences_per_s for p in ps]
-        rows.append(
-            {
-                "system": system,
-                "workload": workload,
-                "users": users,
-                "repeats": len(ps),
-                "sentences_per_s": round(statistics.median(rates), 2),
-                "spread": [round(min(rates), 2), round(max(rates), 2)],
-                "p50_ms": round(statistics.median(p.p50_ms for p in ps), 2),
-                "p99_ms": round(statistics.median(p.p99_ms for p in ps), 2),
-                "failures": sum(p.failures for p in ps),
-                "shed": sum(p.shed for p in ps),
-                "loadgen_cpu_share": round(max(p.loadgen_cpu_share for p in ps), 4),
-                "cpu_ms_per_request": _median_cpu([p.cpu_ms_per_request for p in ps]),
-            }
-        )
-    return rows
-
-
-def table(points: list[Point]) -> list[dict]:
-    """The systems' rows (``aggregate``) in the table's order: workload, users, system."""
+        rows.append({
+            "system": system, "workload": workload, "users": users, "repeats": len(ps),
+            "sentences_per_s": round(statistics.median(rates), 2),
+            "spread": [round(min(rates), 2), round(max(rates), 2)],
+            "p50_ms": round(statistics.median(p.p50_ms for p in ps), 2),
+            "p99_ms": round(statistics.median(p.p99_ms for p in ps), 2),
+            "failures": sum(p.failures for p in ps), "shed": sum(p.shed for p in ps),
+            "loadgen_cpu_share": round(max(p.loadgen_cpu_share for p in ps), 4),
+            "cpu_ms_per_request": _median_cpu([p.cpu_ms_per_request for p in ps]),
+        })  # fmt: skip
     workloads = list(WORKLOADS)
     return sorted(
-        aggregate(points),
-        key=lambda r: (workloads.index(r["workload"]), r["users"], SYSTEMS.index(r["system"])),
+        rows, key=lambda r: (workloads.index(r["workload"]), r["users"], SYSTEMS.index(r["system"]))
     )
 
 
@@ -110,15 +98,9 @@ def ratios(rows: list[dict], raw: dict) -> list[dict]:
 
 def results(points: list[Point], raw: dict, meta: dict) -> dict:
     rows = table(points)
-    run = {
-        "meta": meta,
-        "raw": raw,
-        "rows": rows,
-        "ratios": ratios(rows, raw),
-        "points": [asdict(p) for p in points],
-        # Servers restarted before a point, having not worked off the last one's queue (bench.settle).
-        "restarts": restarts(points),
-    }
+    # restarts: servers restarted before a point, the last one's queue not worked off (bench.settle)
+    run = {"meta": meta, "raw": raw, "rows": rows, "ratios": ratios(rows, raw),
+           "points": [asdict(p) for p in points], "restarts": restarts(points)}  # fmt: skip
     return {**run, "targets": checked(run)}
 
 
@@ -172,17 +154,6 @@ def _cpu_cell(row: dict) -> str:
                      for name, v in cpu if v["total_ms"] >= 0.005)  # fmt: skip
 
 
-def _engine_and_serving(cpu: dict[str, dict[str, float]]) -> tuple[float, float]:
-    """CPU ms per request on the engine and on everything else, as ``where_time_goes`` says."""
-    engine = sum(
-        v.get("engine_ms", v["other_threads_ms"])
-        for name, v in cpu.items()
-        if name not in ("tokenizer", "NaiveFront")
-    )
-    total = sum(v["total_ms"] for v in cpu.values())
-    return engine, total - engine
-
-
 def where_time_goes(results: dict) -> list[str]:
     """Per sentence at the middle load, each system's CPU on the engine and around it, and raw's."""
     cores = results["meta"]["cores"]
@@ -209,21 +180,21 @@ def where_time_goes(results: dict) -> list[str]:
         for r in results["rows"]:
             if r["workload"] != workload or r["users"] != users:
                 continue
-            engine, around = (ms / per for ms in _engine_and_serving(r["cpu_ms_per_request"]))
-            busy = (engine + around) * r["sentences_per_s"] / 1000
+            cpu = r["cpu_ms_per_request"]
+            runners = [v for name, v in cpu.items() if name not in ("tokenizer", "NaiveFront")]
+            engine = sum(v.get("engine_ms", v["other_threads_ms"]) for v in runners) / per
+            total = sum(v["total_ms"] for v in cpu.values()) / per
             lines.append(
                 f"| {workload} | {r['system']} | {r['sentences_per_s']:.0f} | {engine:.2f} | "
-                f"{around:.2f} | {engine + around:.2f} | {busy:.2f} |"
+                f"{total - engine:.2f} | {total:.2f} | {total * r['sentences_per_s'] / 1000:.2f} |"
             )
     return lines
 
 
 def markdown(results: dict) -> str:
     raw, meta = results["raw"], results["meta"]
-    limits = ", ".join(
-        f"{backend} {limit['sentences_per_s']:.0f} sentences/s (best plan: {limit['plan']})"
-        for backend, limit in raw.items()
-    )
+    limits = ", ".join(f"{backend} {limit['sentences_per_s']:.0f} sentences/s (best plan: "
+                       f"{limit['plan']})" for backend, limit in raw.items())  # fmt: skip
     lines = [
         f"Raw engine, in process: {limits}. {meta['repeats']} repeats of "
         f"{meta['seconds_per_point']:.0f} s a chat point ({meta['seconds_per_point'] * BULK_LONGER:.0f}"
@@ -232,11 +203,7 @@ def markdown(results: dict) -> str:
         "| workload | users | system | sentences/s [spread] | served/raw | stack ÷ this | p50 ms | p99 ms | failed | shed | CPU ms per request: main + other threads |",
         "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---|",
     ]
-    stack_at = {
-        (r["workload"], r["users"]): r["sentences_per_s"]
-        for r in results["rows"]
-        if r["system"] == STACK
-    }
+    stack_at = {(r["workload"], r["users"]): r["stack_sentences_per_s"] for r in results["ratios"]}
     for r in results["rows"]:
         limit = raw[backend_of(r["system"])]["sentences_per_s"]
         stack = stack_at.get((r["workload"], r["users"]))

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import itertools
-import json
 import os
 import random
 import statistics
@@ -19,11 +19,11 @@ import tempfile
 import time
 from collections import Counter
 from pathlib import Path
-from typing import Any
 
 import psutil
 
 from loadtests import cpu
+from loadtests.bench import write
 from loadtests.openloop import Driver, Outcome, Request, failures
 from models import corpus, demo_tenants
 from runners.tenants.store import TenantStore
@@ -38,8 +38,7 @@ KEEPALIVE_S = 5.0  # uvicorn's default keep-alive timeout, which BentoML passes 
 REST_TIMEOUT_S = 60.0
 TENANT, SCRATCH = "soak-tenant", "soak-scratch"
 LOAD_SHARE = 0.7
-# Connections the client keeps: bounded, so that a burst of arrivals does not open hundreds.
-CONNECTIONS = 32
+CONNECTIONS = 32  # the client's, bounded: a burst of arrivals does not open hundreds
 WRITE_EVERY_S = 10.0  # train, upload, delete the scratch tenant in turn
 
 
@@ -52,49 +51,34 @@ class Mix:
 
     def request(self, rng: random.Random) -> Request:
         texts = rng.sample(self.texts, rng.randint(1, 4))
-        kind = rng.randrange(9)
-        if kind < 3:
-            return "/embed", {"texts": texts, "backend": ("onnx", "onnx-int8", "tf")[kind]}
-        if kind == 3:
-            return "/similarity", {"pairs": [texts[:1] * 2, [texts[0], texts[-1]]]}
-        if kind == 4:
-            tokenizer = rng.choice(["model", "sentencepiece"])
-            return "/tokenize", {"texts": texts, "tokenizer": tokenizer}
-        if kind == 5:
-            return "/inference", {"input_text": texts[0]}
-        if kind == 6:
-            return "/classify", {"tenant": TENANT, "texts": rng.sample(self.tenant_texts, 2)}
-        if kind == 7:
-            return "/tenants/show", {"tenant": TENANT}
-        return "/tenants/list", {}
+        kinds: list[Request] = [
+            *(("/embed", {"texts": texts, "backend": b}) for b in ("onnx", "onnx-int8", "tf")),
+            ("/similarity", {"pairs": [texts[:1] * 2, [texts[0], texts[-1]]]}),
+            ("/tokenize", {"texts": texts, "tokenizer": rng.choice(["model", "sentencepiece"])}),
+            ("/inference", {"input_text": texts[0]}),
+            ("/classify", {"tenant": TENANT, "texts": rng.sample(self.tenant_texts, 2)}),
+            ("/tenants/show", {"tenant": TENANT}),
+            ("/tenants/list", {}),
+        ]
+        return rng.choice(kinds)
 
 
-async def train_tenant(driver: Driver) -> None:
-    examples = [{"text": t, "intent": i} for t, i in demo_tenants.tenant(1).train]
-    resp = await driver.client.post(
-        "/tenants/train", json={"tenant": TENANT, "examples": examples}, timeout=300
-    )
-    resp.raise_for_status()
-
-
-async def registry_write(
-    driver: Driver, step: str, archive: Path | None, into: list[Outcome]
-) -> None:
-    """One write on the scratch tenant: train, upload (only when there is an archive), delete."""
+async def registry_write(driver: Driver, step: str, archive: Path, into: list[Outcome]) -> None:
+    """One write on the scratch tenant: train, upload, delete."""
     if step == "train":
         # every 8th example: the training set is grouped by intent, so this spans all of them
         examples = [{"text": t, "intent": i} for t, i in demo_tenants.tenant(2).train[::8]]
         body = {"tenant": SCRATCH, "examples": examples}
         await driver.one(into, ("/tenants/train", body), timeout_s=300)
-    elif step == "upload" and archive is not None:
+    elif step == "upload":
         files = {"file": ("m.tar.gz", archive.read_bytes())}
         await driver.one(into, ("/tenants/upload", {"tenant": SCRATCH}), files=files, timeout_s=120)
     elif step == "delete":
         await driver.one(into, ("/tenants/delete", {"tenant": SCRATCH}))
 
 
-async def registry_writes(
-    driver: Driver, archive: Path | None, stop: asyncio.Event, into: list[Outcome], every_s: float
+async def write_in_turn(
+    driver: Driver, archive: Path, stop: asyncio.Event, into: list[Outcome], every_s: float
 ) -> None:
     """``registry_write`` in turn every ``every_s`` until ``stop``; one under way is finished."""
     for step in itertools.cycle(("train", "upload", "delete")):
@@ -105,39 +89,25 @@ async def registry_writes(
             await registry_write(driver, step, archive, into)
 
 
-def processes(server: Server | None) -> list[psutil.Process]:
-    if server is None or server.proc is None:
-        return []
-    return [server.process(), *server.descendants()]
-
-
 def descriptors(pid: int) -> tuple[int, int]:
     """(sockets, every other open descriptor) of a process, from /proc."""
-    sockets = other = 0
+    targets = []
     for fd in os.listdir(f"/proc/{pid}/fd"):
-        try:
-            target = os.readlink(f"/proc/{pid}/fd/{fd}")
-        except OSError:  # closed while we looked
-            continue
-        if target.startswith("socket:"):
-            sockets += 1
-        else:
-            other += 1
-    return sockets, other
+        with contextlib.suppress(OSError):  # closed while we looked
+            targets.append(os.readlink(f"/proc/{pid}/fd/{fd}"))
+    sockets = sum(target.startswith("socket:") for target in targets)
+    return sockets, len(targets) - sockets
 
 
 def sample(procs: list[psutil.Process]) -> dict[str, dict]:
     """Per process: resident MB, descriptors other than sockets (``fds``), sockets."""
     out = {}
     for proc in procs:
-        try:
-            with proc.oneshot():
-                sockets, other = descriptors(proc.pid)
-                rss_mb = round(proc.memory_info().rss / 2**20, 1)
-                key = f"{proc.pid} {cpu.label(proc)}"
-                out[key] = {"rss_mb": rss_mb, "fds": other, "sockets": sockets}
-        except (psutil.NoSuchProcess, FileNotFoundError):
-            continue
+        with contextlib.suppress(psutil.NoSuchProcess, FileNotFoundError), proc.oneshot():
+            sockets, other = descriptors(proc.pid)
+            rss_mb = round(proc.memory_info().rss / 2**20, 1)
+            key = f"{proc.pid} {cpu.label(proc)}"
+            out[key] = {"rss_mb": rss_mb, "fds": other, "sockets": sockets}
     return out
 
 
@@ -150,7 +120,7 @@ async def at_rest(
     deadline = time.monotonic() + timeout_s
     last: dict[str, int] = {}
     while True:
-        now = {k: v["sockets"] for k, v in sample(processes(server)).items()}
+        now = {k: v["sockets"] for k, v in sample(cpu.processes(server)).items()}
         if last and now == last:
             return now, True
         last = now
@@ -162,13 +132,11 @@ async def at_rest(
 def socket_growth(before: dict[str, int], after: dict[str, int]) -> dict[str, float]:
     """Sockets more at rest after the soak than before, per process, past SOCKET_SLACK; a process
     that appeared or vanished is unbounded (a crash or a restart)."""
-    result = {}
-    for key in sorted(before.keys() | after.keys()):
-        if key not in before or key not in after:
-            result[key] = float("inf")
-        else:
-            result[key] = float(max(0, after[key] - before[key] - SOCKET_SLACK))
-    return result
+    both = before.keys() & after.keys()
+    return {
+        key: float(max(0, after[key] - before[key] - SOCKET_SLACK)) if key in both else float("inf")
+        for key in sorted(before.keys() | after.keys())
+    }
 
 
 def growth(samples: list[dict], warmup_s: float) -> dict[str, dict[str, float]]:
@@ -186,37 +154,32 @@ def growth(samples: list[dict], warmup_s: float) -> dict[str, dict[str, float]]:
             result[key] = {"rss_mb": float("inf"), "fds": float("inf")}
             continue
         result[key] = {}
-        for figure in ("rss_mb", "fds"):
+        for figure, slack in (("rss_mb", 0), ("fds", FD_SLACK)):
             before = statistics.median(s[key][figure] for s in first)
             after_ = statistics.median(s[key][figure] for s in last)
-            slack = FD_SLACK if figure == "fds" else 0
             result[key][figure] = round(max(0.0, after_ - before - slack) / before, 4)
     return result
 
 
 async def run(
-    url: str,
-    server: Server | None,
+    server: Server,
     seconds: float,
     interval: float,
-    store: Path | None = None,
+    store: Path,
     write_every_s: float = WRITE_EVERY_S,
 ) -> dict:
-    """``store``: the server's tenant store, when it is ours (the upload sends an archive from it)."""
+    """``store``: the server's tenant store (the upload sends an archive from it)."""
     mix = Mix()
-    async with Driver(url, mix.request, connections=CONNECTIONS, seed=5) as driver:
-        await train_tenant(driver)
-        archive = None
-        if store is not None:
-            archive = TenantStore(store).archive(TENANT, Path(tempfile.mkdtemp()) / "soak.tar.gz")
+    async with Driver(server.url, mix.request, connections=CONNECTIONS, seed=5) as driver:
+        examples = [{"text": t, "intent": i} for t, i in demo_tenants.tenant(1).train]
+        body = {"tenant": TENANT, "examples": examples}
+        (await driver.client.post("/tenants/train", json=body, timeout=300)).raise_for_status()
+        archive = TenantStore(store).archive(TENANT, Path(tempfile.mkdtemp()) / "soak.tar.gz")
         before: list[Outcome] = []  # the capacity run and the first writes
         capacity = await driver.closed(8, min(10.0, seconds / 4), before)
-        rest_before: dict[str, Any] = {}
-        settled_before = True
-        if server is not None:
-            for step in ("train", "upload", "delete"):
-                await registry_write(driver, step, archive, before)
-            rest_before, settled_before = await at_rest(server)
+        for step in ("train", "upload", "delete"):
+            await registry_write(driver, step, archive, before)
+        rest_before, settled_before = await at_rest(server)
         per_s = LOAD_SHARE * capacity
         print(
             f"capacity {capacity:.1f} requests/s of the mix; soak at {per_s:.1f}/s for {seconds:.0f} s",
@@ -227,7 +190,7 @@ async def run(
 
         def take() -> dict:
             t = round(time.monotonic() - started, 1)
-            samples.append({"t": t, "processes": sample(processes(server))})
+            samples.append({"t": t, "processes": sample(cpu.processes(server))})
             return samples[-1]
 
         async def watch() -> None:
@@ -239,9 +202,7 @@ async def run(
         watcher = asyncio.create_task(watch())
         # A registry write every WRITE_EVERY_S: the first, a training, comes before the baseline.
         stop = asyncio.Event()
-        writer = asyncio.create_task(
-            registry_writes(driver, archive, stop, outcomes, write_every_s)
-        )
+        writer = asyncio.create_task(write_in_turn(driver, archive, stop, outcomes, write_every_s))
         await driver.open(per_s, seconds, outcomes)
         watcher.cancel()
         stop.set()
@@ -250,35 +211,24 @@ async def run(
         warmup_s = max(interval, seconds / 5)
         grown = growth(samples, warmup_s)
         worst = max((v for g in grown.values() for v in g.values()), default=0.0)
-        rest_after: dict[str, Any] = {}
-        settled_after = True
-        if server is not None:
-            rest_after, settled_after = await at_rest(server)
+        rest_after, settled_after = await at_rest(server)
         sockets_grown = socket_growth(rest_before, rest_after)
         failed, failed_before = failures(outcomes), failures(before)
         settled = settled_before and settled_after
         bounded = bool(grown) and worst <= GROWTH_LIMIT and not any(sockets_grown.values())
+        passed = bounded and bool(rest_before) and settled and not failed and not failed_before
         return {
-            "seconds": seconds,
-            "interval_s": interval,
-            "warmup_s": warmup_s,
-            "capacity_per_s": round(capacity, 2),
-            "offered_per_s": round(per_s, 2),
+            "seconds": seconds, "interval_s": interval, "warmup_s": warmup_s,
+            "capacity_per_s": round(capacity, 2), "offered_per_s": round(per_s, 2),
             "requests": len(outcomes),
             "statuses": dict(sorted(Counter(str(o.status) for o in outcomes).items())),
             "by_path": dict(sorted(Counter(o.path for o in outcomes).items())),
             "failures": dict(failed.most_common()),
             "capacity_failures": dict(failed_before.most_common()),
-            "samples": samples,
-            "growth_after_warmup": grown,
-            "worst_growth": worst,
+            "samples": samples, "growth_after_warmup": grown, "worst_growth": worst,
             "sockets_at_rest": {"before": rest_before, "after": rest_after, "settled": settled},
-            "sockets_grown_at_rest": sockets_grown,
-            # With --url the processes are not ours to sample: only the requests decide then.
-            "passed": not failed
-            and not failed_before
-            and (server is None or (bounded and bool(rest_before) and settled)),
-        }
+            "sockets_grown_at_rest": sockets_grown, "passed": passed,
+        }  # fmt: skip
 
 
 def render(report: dict) -> str:
@@ -291,22 +241,17 @@ def render(report: dict) -> str:
     ]
     first, last = report["samples"][0]["processes"], report["samples"][-1]["processes"]
     rest = report["sockets_at_rest"]
-    if not rest["before"]:
-        at_rest_line = "sockets at rest not counted (not our processes)"
-    elif not rest["settled"]:
+    if not rest["settled"]:
         at_rest_line = "sockets at rest did not settle"
     else:
         more = max(report["sockets_grown_at_rest"].values(), default=0)
         at_rest_line = f"sockets more at rest {more:.0f} (past a slack of {SOCKET_SLACK})"
     for key, grown in report["growth_after_warmup"].items():
         a, b = first.get(key, {}), last.get(key, {})
-        lines.append(
-            f"| {key} | {a.get('rss_mb')} → {b.get('rss_mb')} | {a.get('fds')} → {b.get('fds')} | "
-            f"{a.get('sockets')} → {b.get('sockets')} | "
-            f"{rest['before'].get(key)} → {rest['after'].get(key)} | "
-            + ", ".join(f"{k} {v:+.1%}" for k, v in grown.items())
-            + " |"
-        )
+        cells = [f"{a.get(f)} → {b.get(f)}" for f in ("rss_mb", "fds", "sockets")]
+        cells.append(f"{rest['before'].get(key)} → {rest['after'].get(key)}")
+        cells.append(", ".join(f"{k} {v:+.1%}" for k, v in grown.items()))
+        lines.append(f"| {key} | " + " | ".join(cells) + " |")
     if report["failures"]:
         lines.append(f"failed requests: {report['failures']}")
     lines.append(
@@ -318,27 +263,17 @@ def render(report: dict) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m loadtests.soak", description=__doc__.splitlines()[0]
-    )
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=float, default=600, help="length of the soak")
     parser.add_argument("--interval", type=float, default=30, help="seconds between samples")
-    parser.add_argument("--url", help="an already running stack (its processes are not sampled)")
     parser.add_argument("--json", type=Path, default=ROOT / "build" / "soak.json")
     args = parser.parse_args(argv)
-    if args.url:
-        report = asyncio.run(run(args.url, None, args.seconds, args.interval))
-    else:
-        with tempfile.TemporaryDirectory() as store:
-            env = {"BUNDLE_TENANTS_STORE": store}
-            with bentoml_serve(".", ROOT / "build" / "soak" / "stack.log", env=env) as server:
-                report = asyncio.run(
-                    run(server.url, server, args.seconds, args.interval, Path(store))
-                )
-    args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(json.dumps(report, indent=2))
+    with tempfile.TemporaryDirectory() as store:
+        env = {"BUNDLE_TENANTS_STORE": store}
+        with bentoml_serve(".", ROOT / "build" / "soak" / "stack.log", env=env) as server:
+            report = asyncio.run(run(server, args.seconds, args.interval, Path(store)))
     print(render(report))
-    print(f"\nwritten: {args.json}")
+    print(f"\nwritten: {write(args.json, report)}")
     return 0 if report["passed"] else 1
 
 

@@ -12,8 +12,8 @@ import random
 from pathlib import Path
 from typing import cast
 
-from loadtests import cpu, loadgen
-from loadtests.points import measure as snapshot
+from loadtests import loadgen
+from loadtests.points import loaded
 from loadtests.raw_engine import raw_engine
 from models import corpus
 from testkit.processes import Server
@@ -70,27 +70,15 @@ def measure(server: Server, out: Path, users: int, seconds: float, quick: bool) 
         raw_inputs = cast(Inputs, [x for body in inputs for x in body])  # one kind, as each body
         raw = raw_engine(entry.name, backend, 1 if quick else 3, quick=quick, inputs=raw_inputs)
         loadgen.run(server.url, route, path, users, 2)  # warm-up: the model's first batches
-        before, engine_before = snapshot(server, processes_first=False)
-        load = loadgen.run(server.url, route, path, users, seconds)
-        after, engine_after = snapshot(server, processes_first=True)
+        load, cpu_ms = loaded(server, route, path, users, seconds)
         served = load.ok * PER_REQUEST / load.seconds
         rows.append({
-            "task": task,
-            "model": entry.name,
-            "route": route,
-            "users": users,
-            "inputs_per_request": PER_REQUEST,
-            "served_per_s": round(served, 1),
-            "raw_per_s": round(raw["sentences_per_s"], 1),
-            "raw_plan": raw["plan"],
+            "task": task, "model": entry.name, "route": route, "users": users,
+            "inputs_per_request": PER_REQUEST, "served_per_s": round(served, 1),
+            "raw_per_s": round(raw["sentences_per_s"], 1), "raw_plan": raw["plan"],
             "served_over_raw": round(served / raw["sentences_per_s"], 3),
-            "p50_ms": load.p50_ms,
-            "p99_ms": load.p99_ms,
-            "failures": load.failed,
-            "shed": load.shed,
-            "cpu_ms_per_request": cpu.per_request(
-                before, after, load.ok, (engine_before, engine_after)
-            ),
+            "p50_ms": load.p50_ms, "p99_ms": load.p99_ms, "failures": load.failed,
+            "shed": load.shed, "cpu_ms_per_request": cpu_ms,
         })  # fmt: skip
         print(
             f"  {task:<8} {entry.name}: {served:.0f} {'pairs' if task == 'rerank' else 'texts'}/s "

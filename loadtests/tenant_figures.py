@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import random
 import shutil
 import time
@@ -40,13 +41,10 @@ def worker_rss_mb(server: Server, field: str = "VmHWM") -> float:
     """Largest VmHWM (peak resident set) or VmRSS (now) among the server's worker processes."""
     peak = 0
     for child in server.descendants():
-        try:
-            status = Path(f"/proc/{child.pid}/status").read_text()
-        except OSError:
-            continue
-        for line in status.splitlines():
-            if line.startswith(field + ":"):
-                peak = max(peak, int(line.split()[1]))
+        with contextlib.suppress(OSError):  # a worker that ended meanwhile
+            for line in Path(f"/proc/{child.pid}/status").read_text().splitlines():
+                if line.startswith(field + ":"):
+                    peak = max(peak, int(line.split()[1]))
     return peak / 1024
 
 
@@ -116,9 +114,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--requests", type=int, default=4000)
     parser.add_argument("--concurrency", type=int, default=16)
     parser.add_argument("--zipf", type=float, default=1.1, help="exponent s: P(rank r) ~ 1/r^s")
-    parser.add_argument(
-        "--head-store", type=Path, default=default_store(), help="the head tenants' store"
-    )
+    parser.add_argument("--head-store", type=Path, default=default_store(), help="heads' store")
     args = parser.parse_args(argv)
 
     import sentencepiece
@@ -150,10 +146,8 @@ def main(argv: list[str] | None = None) -> int:
         f"tenants, {args.concurrency} concurrent clients"
     )
 
-    env = {
-        "BUNDLE_TENANTS_MEMORY_BUDGET_MB": f"{budget_mb:.1f}",
-        "BUNDLE_TENANTS_STORE": str(settings.store),
-    }
+    env = {"BUNDLE_TENANTS_MEMORY_BUDGET_MB": f"{budget_mb:.1f}",
+           "BUNDLE_TENANTS_STORE": str(settings.store)}  # fmt: skip
     with bentoml_serve(RUNNER, ROOT / "build" / "tenant-figures.log", env=env) as server:
         # The bound's base is the worker's high-water mark once ready (start-up included: the
         # runtimes' imports and warm-up); its resident size then is printed beside it.

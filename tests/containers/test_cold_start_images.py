@@ -1,4 +1,4 @@
-"""The images' part of `make cold-start` (loadtests/cold_start_images.py), bounded: one start of
+"""The images' part of `make cold-start` (loadtests/cold_start.py, `measure`), bounded: one start of
 the ONNX runner's image and one of the tokenizer's (with the three runners beside it), each from
 its launch (`docker create`, then start) to ready and to its first correct answer (the module raises if that answer is not
 the warm one), its parts from its own log. No assertion is a speed; every container and network
@@ -10,7 +10,8 @@ import json
 
 import pytest
 
-from loadtests import cold_start_images as images
+from loadtests import cold_start as images
+from testkit.containers import LABEL, docker
 
 MEASURED = ["onnx-runner", "tokenizer"]
 
@@ -32,7 +33,8 @@ def test_the_onnx_runner_s_and_the_tokenizer_s_images_are_timed_to_a_first_corre
     if isinstance(found, Exception):
         raise found
     assert set(found) == set(MEASURED)
-    for name, (start,) in found.items():
+    for name, runs in found.items():
+        (start,) = runs["starts"]
         # in the order they happen, each after the container was launched
         assert 0 <= start["container_started_s"] <= start["worker_started_s"], (name, start)
         parts = start["import_s"] + start["load_s"] + start["warm_up_s"]
@@ -45,6 +47,6 @@ def test_the_onnx_runner_s_and_the_tokenizer_s_images_are_timed_to_a_first_corre
 
 def test_nothing_is_left_behind(found: dict | Exception) -> None:
     """Every container and network the measurement made is gone, whether it passed or not."""
-    label = f"label={images.LABEL}"
-    assert images.docker("ps", "-aq", "--filter", label) == ""
-    assert images.docker("network", "ls", "-q", "--filter", label) == ""
+    label = f"label={LABEL}"
+    assert docker("ps", "-aq", "--filter", label) == ""
+    assert docker("network", "ls", "-q", "--filter", label) == ""

@@ -20,7 +20,7 @@ from testkit.processes import Server
 def report(graph_server: Server, tenant_store: Path) -> dict:
     # the session's graph; a registry write every 6 s: each kind (train, upload, delete) in the 30 s
     server = graph_server
-    run = soak.run(server.url, server, seconds=30, interval=3, store=tenant_store, write_every_s=6)
+    run = soak.run(server, seconds=30, interval=3, store=tenant_store, write_every_s=6)
     result = asyncio.run(run)
     print(json.dumps({k: v for k, v in result.items() if k != "samples"}, indent=1))
     print(soak.render(result))

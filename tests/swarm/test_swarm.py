@@ -31,6 +31,7 @@ import pytest
 
 from models import demo_tenants as demo
 from serving.startup import parse
+from testkit.containers import docker
 from testkit.haproxy_ring import Ring
 from testkit.processes import ROOT
 
@@ -110,19 +111,6 @@ REQUESTS = 16  # requests waiting while the ONNX runner has no replica
 # proxy resolving its name (1 s) and checking it up (2 checks 2 s apart), the tokenizer's next try
 # (0.5 s apart), the call itself, a loaded host.
 READY_TO_ANSWERED_S = 10.0
-
-
-def docker(
-    *args: str, timeout: float = 300, check: bool = True, env: dict[str, str] | None = None
-) -> str:
-    # Debian's docker client first on PATH (deploy/engine/engine.sh).
-    env = {**os.environ, "PATH": f"/usr/bin:{os.environ['PATH']}", **(env or {})}
-    proc = subprocess.run(
-        ["docker", *args], env=env, capture_output=True, text=True, timeout=timeout
-    )
-    if check:
-        assert proc.returncode == 0, f"docker {' '.join(args[:3])}: {proc.stderr[-3000:]}"
-    return proc.stdout.strip()
 
 
 @dataclass

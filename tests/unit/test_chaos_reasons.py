@@ -7,7 +7,8 @@ import json
 
 import pytest
 
-from loadtests.chaos import Outcome, Phase, refusal
+from loadtests.chaos import Phase
+from loadtests.openloop import Outcome, refusal
 from services.tokenizer.clients import RunnerUnavailable
 from serving.batching.admission import Admission
 from serving.errors import Overloaded

@@ -1,5 +1,5 @@
 """What `make cold-start` compares and prints, without starting anything: an image's first answer
-is its warm one, timings aside (loadtests/cold_start_images.same), and the record renders a row per
+is its warm one, timings aside (loadtests/cold_start.same), and the record renders a row per
 image where it has them (loadtests/cold_start.render)."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import json
 import pytest
 
 from loadtests import cold_start
-from loadtests.cold_start_images import MAX_ABS_DIFF, same
+from loadtests.cold_start import MAX_ABS_DIFF, same
 from testkit.processes import ROOT
 
 
