@@ -138,14 +138,18 @@ serve: models ## Serve the whole graph on $(HOST):$(PORT) (Swagger UI at /)
 	$(BENTOML) serve . --host $(HOST) --port $(PORT)
 
 TOOL_PATHS := PROMTOOL=$(PROMTOOL) HAPROXY_ROOT=$(HAPROXY_ROOT)
+# pytest-xdist workers: one more than this machine's 2 cores, since a worker spends part of its time
+# waiting on a server or a subprocess, and with one worker a core the cores sat idle meanwhile
+# (tests/README.md, "Where the time goes").
+WORKERS ?= 3
 check: models tools ## The inner loop, run it while working: lint, unit tests, in-process HTTP tests (under 3 minutes, unless the demo models train again)
 	@$(MAKE) --no-print-directory lint
-	$(TOOL_PATHS) $(PY) -m pytest tests/unit tests/http -n 2 -q
+	$(TOOL_PATHS) $(PY) -m pytest tests/unit tests/http -n $(WORKERS) -q
 
 test: models tools ## Every test that needs no Docker engine: unit, in-process HTTP, integration, end to end
-	$(TOOL_PATHS) $(PY) -m pytest -n 2
+	$(TOOL_PATHS) $(PY) -m pytest -n $(WORKERS)
 
-test-load: models tools ## Benchmark-like runs (quick bench, profile, soak, chaos, Locust), then the lean path on the newest BentoML
+test-load: models tools ## Benchmark-like runs (quick bench, profile, soak, chaos, Locust, fuzzing), then the lean path on the newest BentoML
 	$(TOOL_PATHS) $(PY) -m pytest tests/load
 	@$(MAKE) --no-print-directory test-newest-bentoml
 

@@ -47,14 +47,15 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             )
     # The session's graph, once started, stays up until the session ends: in the load tier the
     # tests that start servers of their own, or time starts, run before it does, and chaos, which
-    # kills its workers, runs last of all.
-    items.sort(key=lambda item: LAST.index(m) + 1 if (m := _module(item.nodeid)) in LAST else 0)
+    # kills its workers, runs last of all. Under pytest-xdist the longest modules go first (FIRST).
+    items.sort(key=lambda item: (LAST.index(m) + 1 if (m := _module(item.nodeid)) in LAST else 0,
+                                 FIRST.index(m) if m in FIRST else len(FIRST)))  # fmt: skip
 
 
-# Under pytest-xdist (`make test`: -n 2), the modules whose tests share the session's graph run in
-# one worker, so that one graph serves them all; the tests of any other module beyond the unit and
-# in-process tiers stay in one worker, so that what its module-scoped fixtures start or build is
-# made once; the rest spread as they come.
+# Under pytest-xdist (`make test`: -n 3), the modules whose tests share the session's graph run in
+# one worker, so that one graph serves them all; the tests of any other module stay in one worker,
+# so that what its module-scoped fixtures start, build or cache (a unit module's toy servers and
+# subprocesses among them) is made once, not once a worker.
 GRAPH_MODULES = frozenset(
     {
         "tests/e2e/test_graph.py",
@@ -67,7 +68,20 @@ GRAPH_MODULES = frozenset(
 )
 GRAPH_FIXTURES = frozenset({"graph", "graph_server"})
 LAST = ("tests/load/test_locust_smoke.py", "tests/load/test_soak.py", "tests/load/test_chaos.py")
-SERVER_TIERS = frozenset({"integration", "e2e", "load", "containers", "swarm"})
+# The modules of `make test` that take the longest (tests/README.md, "Where the time goes"), longest
+# first: handed to the workers first, so that none of them starts one late and runs on alone at
+# the end while the others have finished. The scheduler takes the modules in this order, not by
+# their number of tests (pytest-xdist's default).
+FIRST = (
+    "tests/e2e/test_catalogue.py",
+    "tests/integration/test_models.py",
+    "tests/integration/test_bentos.py",
+    "tests/e2e/test_graph.py",  # the session graph's modules, one worker's (GRAPH_MODULES)
+    "tests/e2e/test_security.py",
+    "tests/unit/test_hot_path.py",
+    "tests/e2e/test_openai.py",
+    "tests/e2e/test_runner.py",
+)
 
 
 def _module(nodeid: str) -> str:
@@ -78,12 +92,13 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
     from xdist.scheduler import LoadScopeScheduling
 
     class ByServer(LoadScopeScheduling):
+        def __init__(self, config: pytest.Config, log: object = None) -> None:
+            config.option.loadscopereorder = False  # the collection's order: FIRST, then the rest
+            super().__init__(config, log)
+
         def _split_scope(self, nodeid: str) -> str:
             module = _module(nodeid)
-            if module in GRAPH_MODULES:
-                return "graph"
-            parts = module.split("/")
-            return module if len(parts) > 2 and parts[1] in SERVER_TIERS else nodeid
+            return "graph" if module in GRAPH_MODULES else module
 
     return ByServer(config, log)
 

@@ -1,4 +1,5 @@
-"""OpenAI's embeddings API on a real graph, through the official ``openai`` SDK, as users call it."""
+"""OpenAI's embeddings API on a real graph, through the official ``openai`` SDK, as users call it;
+the graph with the tenant registry off the public port, as in production."""
 
 from __future__ import annotations
 
@@ -22,11 +23,12 @@ TEXTS = ["A man is eating food.", "How do I reset my password?", "hello"]
 def graph_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     # A queue that holds little (64 tokens), so that a burst from this module overflows it (429);
     # one request at a time is never refused (nothing waits), so the other tests here, whose
-    # requests hold under 64 tokens, are unaffected.
+    # requests hold under 64 tokens, are unaffected. The registry off, as in production.
     env = {
         "BUNDLE_TENANTS_STORE": str(tmp_path_factory.mktemp("openai-tenants")),
         "BUNDLE_TOKENIZER_MAX_QUEUE_TOKENS": "64",
         "BUNDLE_TOKENIZER_RUNNER_INFLIGHT": "1",
+        "BUNDLE_TOKENIZER_ADMIN_ENABLED": "false",
     }
     with bentoml_serve(".", log_path("openai-graph.log"), env=env) as server:
         yield server.url
@@ -196,3 +198,10 @@ def test_overload_is_a_rate_limit_error_with_retry_after(
         )
     retrying = sdk.with_options(max_retries=3)
     assert len(retrying.embeddings.create(model="all-MiniLM-L6-v2", input=TEXTS).data) == 3
+
+
+def test_with_admin_off_the_registry_is_not_on_the_public_port(graph_url: str) -> None:
+    paths = httpx.get(f"{graph_url}/docs.json", timeout=30).json()["paths"]
+    assert not [p for p in paths if p.startswith("/tenants")], list(paths)
+    for path in ("/tenants/train", "/tenants/upload", "/tenants/delete", "/tenants/list"):
+        assert httpx.post(f"{graph_url}{path}", json={}, timeout=30).status_code == 404, path
