@@ -138,8 +138,8 @@ serve: models ## Serve the whole graph on $(HOST):$(PORT) (Swagger UI at /)
 	$(BENTOML) serve . --host $(HOST) --port $(PORT)
 
 TOOL_PATHS := PROMTOOL=$(PROMTOOL) HAPROXY_ROOT=$(HAPROXY_ROOT)
-# pytest-xdist workers: one more than this machine's 2 cores, since a worker spends part of its time
-# waiting on a server or a subprocess, and with one worker a core the cores sat idle meanwhile
+# pytest-xdist workers: one more than the cores CI runs on (two), since a worker spends part of its
+# time waiting on a server or a subprocess, and with one worker a core the cores sat idle meanwhile
 # (tests/README.md, "Where the time goes").
 WORKERS ?= 3
 check: models tools ## The inner loop, run it while working: lint, unit tests, in-process HTTP tests (under 3 minutes, unless the demo models train again)

@@ -19,18 +19,23 @@ def docker(
     *args: str, timeout: float = 300, check: bool = True, env: dict[str, str] | None = None
 ) -> str:
     """``docker *args``' output; raises with its stderr when it fails (unless not ``check``)."""
-    env = {**os.environ, "PATH": f"/usr/bin:{os.environ['PATH']}", **(env or {})}
     proc = subprocess.run(
-        ["docker", *args], env=env, capture_output=True, text=True, timeout=timeout
+        ["docker", *args], env=client_env(env), capture_output=True, text=True, timeout=timeout
     )
     if check and proc.returncode != 0:
         raise RuntimeError(f"docker {' '.join(args[:3])} …: {proc.stderr.strip()[-3000:]}")
     return proc.stdout.strip()
 
 
+def client_env(env: dict[str, str] | None = None) -> dict[str, str]:
+    return {**os.environ, "PATH": f"/usr/bin:{os.environ['PATH']}", **(env or {})}
+
+
 def logs(cid: str) -> str:
     """The container's output, both streams (a worker's traceback is on its stderr)."""
-    proc = subprocess.run(["docker", "logs", cid], capture_output=True, text=True, timeout=60)
+    proc = subprocess.run(
+        ["docker", "logs", cid], env=client_env(), capture_output=True, text=True, timeout=60
+    )
     return proc.stdout + proc.stderr
 
 

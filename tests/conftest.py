@@ -52,7 +52,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
                                  FIRST.index(m) if m in FIRST else len(FIRST)))  # fmt: skip
 
 
-# Under pytest-xdist (`make test`: -n 3), the modules whose tests share the session's graph run in
+# Under pytest-xdist (`make test`: `WORKERS` workers), the modules whose tests share the session's graph run in
 # one worker, so that one graph serves them all; the tests of any other module stay in one worker,
 # so that what its module-scoped fixtures start, build or cache (a unit module's toy servers and
 # subprocesses among them) is made once, not once a worker.
@@ -68,9 +68,9 @@ GRAPH_MODULES = frozenset(
 )
 GRAPH_FIXTURES = frozenset({"graph", "graph_server"})
 LAST = ("tests/load/test_locust_smoke.py", "tests/load/test_soak.py", "tests/load/test_chaos.py")
-# The modules of `make test` that take the longest (tests/README.md, "Where the time goes"), longest
-# first: handed to the workers first, so that none of them starts one late and runs on alone at
-# the end while the others have finished. The scheduler takes the modules in this order, not by
+# Modules of `make test` that took long in a measured run (tests/README.md, "Where the time goes"),
+# longest first: handed to the workers first, so that none of them starts one late and runs on
+# alone at the end while the others have finished. The scheduler takes the modules in this order, not by
 # their number of tests (pytest-xdist's default).
 FIRST = (
     "tests/e2e/test_catalogue.py",
@@ -81,6 +81,8 @@ FIRST = (
     "tests/unit/test_hot_path.py",
     "tests/e2e/test_openai.py",
     "tests/e2e/test_runner.py",
+    "tests/unit/test_deploy.py",
+    "tests/unit/test_lean_path.py",
 )
 
 
