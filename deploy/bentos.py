@@ -31,6 +31,37 @@ BENTOS = {
 }
 
 
+def context(name: str, spec: dict) -> Path:
+    """A build context holding only what the bentofile includes, copied from the tree. BentoML
+    walks every file of its build context before its patterns filter them, and the tree holds the
+    virtual environment and the build outputs, most of the files a walk of it meets and most of a
+    build's time. Hidden folders and build/ are not walked here (BentoML leaves .git and .venv out
+    of any bento; the patterns name the source folders). The patterns are matched as BentoML
+    matches them (pathspec's gitwildmatch)."""
+    from pathspec import PathSpec
+
+    include = PathSpec.from_lines("gitwildmatch", spec.get("include") or ["*"])
+    exclude = PathSpec.from_lines("gitwildmatch", spec.get("exclude") or [])
+    ctx = ROOT / "build" / "bento-context" / name
+    shutil.rmtree(ctx, ignore_errors=True)
+    # Files the bentofile names by path, relative to the context (a setup script, requirements).
+    docker, python = spec.get("docker") or {}, spec.get("python") or {}
+    named = [docker.get("setup_script"), docker.get("dockerfile_template"),
+             python.get("requirements_txt"), (spec.get("conda") or {}).get("environment_yml")]  # fmt: skip
+    for relative in filter(None, named):
+        (ctx / relative).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(ROOT / relative, ctx / relative)
+    for folder, dirs, files in os.walk(ROOT):
+        here = Path(folder)
+        dirs[:] = [d for d in dirs if not d.startswith(".") and (here / d) != ROOT / "build"]
+        for file in files:
+            relative = (here / file).relative_to(ROOT).as_posix()
+            if include.match_file(relative) and not exclude.match_file(relative):
+                (ctx / relative).parent.mkdir(parents=True, exist_ok=True)
+                shutil.copy2(here / file, ctx / relative)
+    return ctx
+
+
 def build(name: str, base_image: str | None) -> str:
     """``bentoml build`` one bentofile; returns the bento's tag."""
     spec = yaml.safe_load((ROOT / BENTOS[name]).read_text())
@@ -41,9 +72,10 @@ def build(name: str, base_image: str | None) -> str:
     bentofile.write_text(yaml.safe_dump(spec, sort_keys=False))
     env = {**os.environ, "BENTOML_DO_NOT_TRACK": "True", "PATH": f"{BIN}:{os.environ['PATH']}"}
     env.update({e["name"]: str(e["value"]) for e in spec.get("envs", [])})
+    ctx = context(name, spec)
     proc = subprocess.run(
-        [str(BIN / "bentoml"), "build", "-f", str(bentofile), "-o", "tag", str(ROOT)],
-        cwd=ROOT, env=env, capture_output=True, text=True,
+        [str(BIN / "bentoml"), "build", "-f", str(bentofile), "-o", "tag", str(ctx)],
+        cwd=ctx, env=env, capture_output=True, text=True,
     )  # fmt: skip
     if proc.returncode:
         raise SystemExit(

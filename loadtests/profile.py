@@ -17,6 +17,7 @@ import re
 import subprocess
 import sys
 from collections import Counter
+from contextlib import nullcontext
 from pathlib import Path
 
 from loadtests import cpu, loadgen
@@ -198,7 +199,7 @@ def render(recorded: Path) -> Path:
     return PROFILE_MD
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, server: Server | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
         "--seconds", type=float, default=float(os.environ.get("PROFILE_SECONDS", FULL_SECONDS))
@@ -213,8 +214,8 @@ def main(argv: list[str] | None = None) -> int:
     measured = commit()  # the code the server starts with, not what the tree holds at the end
     adopt_orphans()
     print(f"profile: the stack, chat, {args.users} connections, {args.seconds:.0f} s", flush=True)
-    with bentoml_serve(".", OUT / "logs" / "profile.log") as server:
-        run = profile(server, args.users, args.seconds)
+    with nullcontext(server) if server else bentoml_serve(".", OUT / "logs" / "profile.log") as up:
+        run = profile(up, args.users, args.seconds)
     data = {"meta": record_meta(measured), "profile": run}
     written = [write(args.out, data)]
     print(markdown(data))

@@ -6,7 +6,7 @@ on at least 500 inputs, fp32 backends 0 flipped and a max |difference| of at mos
 or classify model's relative to its largest logit where that is over 1, as are its figures here),
 int8 at most 1 % flipped. Writes build/parity.json; exits 1 when a gate fails.
 
-    python -m models.parity [--catalogue PATH] [--out build/parity.json]
+    python -m models.parity [--catalogue PATH] [--out build/parity.json] [--threads N]
 """
 
 from __future__ import annotations
@@ -49,10 +49,10 @@ def engines(entry: Entry, threads: int = 2) -> dict[str, Run]:
     return out
 
 
-def report(entry: Entry, base: Path) -> dict[str, dict[str, float]]:
+def report(entry: Entry, base: Path, threads: int = 2) -> dict[str, dict[str, float]]:
     spec = spec_of(store.latest(entry.store_name("tokenizer")))
     checks = Checks(source.resolve(entry, base), spec)
-    return {backend: checks.parity(run) for backend, run in engines(entry).items()}
+    return {backend: checks.parity(run) for backend, run in engines(entry, threads).items()}
 
 
 def markdown(name: str, results: dict[str, dict[str, float]]) -> str:
@@ -76,13 +76,19 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--catalogue", type=Path, default=catalogue.path())
     parser.add_argument("--out", type=Path, default=Path("build/parity.json"))
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=2,
+        help="each engine's threads (the runners' lanes run one-thread sessions)",
+    )
     args = parser.parse_args(argv)
     cat = catalogue.load(args.catalogue)
     results: dict[str, dict[str, dict[str, float]]] = {}
     failures: list[str] = []
     for entry in cat.models:
         store.latest(entry.store_name("tokenizer"))  # a clear error if it was never built
-        results[entry.name] = report(entry, args.catalogue.parent)
+        results[entry.name] = report(entry, args.catalogue.parent, args.threads)
         print(markdown(entry.name, results[entry.name]) + "\n")
         for backend, figures in results[entry.name].items():
             if failure := parity_failure(backend, figures):

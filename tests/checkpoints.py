@@ -4,8 +4,10 @@ model hub lays them out (config.json, model.safetensors, tokenizer.json, tokeniz
 Only MiniLM's real weights can be had on these machines; these stand in for the rest. Each has a
 tokenizer of its architecture's kind trained on the project's corpus: RoBERTa a byte-level BPE,
 XLM-RoBERTa a SentencePiece Unigram, DistilBERT (and BERT) a WordPiece, with the special tokens,
-pad id and pair template of the real ones. Weights are drawn from a fixed seed: the same checkpoint
-every run.
+pad id and pair template of the real ones. Weights are drawn from a fixed seed, and the RoBERTa
+and XLM-RoBERTa tokenizers are the same every run: those checkpoints are the same every run. The
+WordPiece trainer's vocabulary varies from run to run in its ties (the tests of those checkpoints
+compare the served model with PyTorch on the same files, whichever they are).
 """
 
 from __future__ import annotations
@@ -49,6 +51,26 @@ HIDDEN, LAYERS, HEADS, FFN = 32, 2, 2, 64
 POSITIONS = 128  # tokens each model reads
 
 
+def sentencepiece_pieces(vocab: int) -> list[tuple[str, float]]:
+    """The pieces and scores of a SentencePiece Unigram model of about ``vocab`` pieces trained on
+    the corpus, its own control and unknown pieces left out."""
+    import io
+
+    import sentencepiece as spm
+
+    model = io.BytesIO()
+    spm.SentencePieceTrainer.train(
+        sentence_iterator=corpus.training_lines(), model_writer=model, vocab_size=vocab,
+        model_type="unigram", character_coverage=1.0, num_threads=1, minloglevel=2,
+    )  # fmt: skip
+    sp = spm.SentencePieceProcessor(model_proto=model.getvalue())
+    return [
+        (sp.id_to_piece(i), sp.get_score(i))
+        for i in range(sp.get_piece_size())
+        if not (sp.is_control(i) or sp.is_unknown(i))
+    ]
+
+
 def train_tokenizer(kind: Kind, vocab: int = 1000) -> Any:
     """A ``tokenizers.Tokenizer`` of ``kind``, trained on the corpus, with the post-processor that
     adds the model's special tokens to a text and to a pair."""
@@ -73,20 +95,23 @@ def train_tokenizer(kind: Kind, vocab: int = 1000) -> Any:
             initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         )
     elif kind.tokenizer == "unigram":
-        tokenizer = Tokenizer(models.Unigram())
+        # SentencePiece's trainer, whose pieces are the same every run (tokenizers' Unigram trainer
+        # picks different ones from run to run), then served by tokenizers' Unigram as XLM-R's is
+        pieces = [(special, 0.0) for special in specials] + sentencepiece_pieces(vocab)
+        tokenizer = Tokenizer(models.Unigram(pieces, unk_id=specials.index("<unk>")))
+        tokenizer.add_special_tokens(specials)
         tokenizer.normalizer = normalizers.NFKC()
         tokenizer.pre_tokenizer = pre_tokenizers.Metaspace()
         tokenizer.decoder = decoders.Metaspace()
-        trainer = trainers.UnigramTrainer(
-            vocab_size=vocab, special_tokens=specials, unk_token="<unk>"
-        )
+        trainer = None
     else:
         tokenizer = Tokenizer(models.WordPiece(unk_token="[UNK]"))
         tokenizer.normalizer = normalizers.BertNormalizer(lowercase=True)
         tokenizer.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
         tokenizer.decoder = decoders.WordPiece()
         trainer = trainers.WordPieceTrainer(vocab_size=vocab, special_tokens=specials)
-    tokenizer.train_from_iterator(corpus.training_lines(), trainer)
+    if trainer is not None:
+        tokenizer.train_from_iterator(corpus.training_lines(), trainer)
     cls, sep = kind.special("cls"), kind.special("sep")
     # RoBERTa's pair: <s> A </s></s> B </s>, one segment; BERT's: [CLS] A [SEP] B [SEP], B's type 1.
     pair = f"{cls} $A {sep} {sep} $B {sep}" if kind.roberta_like else f"{cls} $A {sep} $B:1 {sep}:1"

@@ -46,8 +46,9 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
                 "(tests/conftest.py), so that one worker runs every test of that graph"
             )
     # The session's graph, once started, stays up until the session ends: in the load tier the
-    # tests that start servers of their own, or time starts, run before it does, and chaos, which
-    # kills its workers, runs last of all. Under pytest-xdist the longest modules go first (FIRST).
+    # tests that start servers of their own, or time starts, run before it does; the profile, which
+    # needs one worker of each service, first of those on it; and chaos, which kills its workers,
+    # last of all. Under pytest-xdist the longest modules go first (FIRST).
     items.sort(key=lambda item: (LAST.index(m) + 1 if (m := _module(item.nodeid)) in LAST else 0,
                                  FIRST.index(m) if m in FIRST else len(FIRST)))  # fmt: skip
 
@@ -61,13 +62,19 @@ GRAPH_MODULES = frozenset(
         "tests/e2e/test_graph.py",
         "tests/e2e/test_tenants.py",
         "tests/e2e/test_readme_examples.py",
+        "tests/load/test_profile.py",
         "tests/load/test_locust_smoke.py",
         "tests/load/test_soak.py",
         "tests/load/test_chaos.py",
     }
 )
 GRAPH_FIXTURES = frozenset({"graph", "graph_server"})
-LAST = ("tests/load/test_locust_smoke.py", "tests/load/test_soak.py", "tests/load/test_chaos.py")
+LAST = (
+    "tests/load/test_profile.py",
+    "tests/load/test_locust_smoke.py",
+    "tests/load/test_soak.py",
+    "tests/load/test_chaos.py",
+)
 # Modules of `make test` that took long in a measured run (tests/README.md, "Where the time goes"),
 # longest first: handed to the workers first, so that none of them starts one late and runs on
 # alone at the end while the others have finished. The scheduler takes the modules in this order, not by

@@ -74,6 +74,12 @@ DOCUMENTS = [
 ]
 
 
+# PyTorch on one thread in the catalogue's builds and parity runs (the PyTorch references): `make
+# test` runs more workers than cores, and on these small models a second thread mostly waited at
+# each operator for a core another worker held.
+ONE_THREAD = {"OMP_NUM_THREADS": "1"}
+
+
 def make(*args: str, env: dict[str, str], timeout: float = 900) -> subprocess.CompletedProcess:
     return run_tree(["make", "--no-print-directory", *args], timeout, env=env, cwd=ROOT)
 
@@ -88,7 +94,7 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, str
     checkpoints.write(root / "xlmr-classify", "xlm-roberta", labels=LABELS, seed=2)
     checkpoints.write(root / "roberta-rerank", "roberta", labels=["relevant"], seed=3)
     (root / "catalogue.yaml").write_text(yaml.safe_dump({"models": ENTRIES}, sort_keys=False))
-    env = {**os.environ, "BENTOML_HOME": str(root / "home"), "HF_HUB_OFFLINE": "1"}
+    env = {**os.environ, "BENTOML_HOME": str(root / "home"), "HF_HUB_OFFLINE": "1", **ONE_THREAD}
     proc = make("models", f"CATALOGUE={root / 'catalogue.yaml'}", env=env)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     for entry in ENTRIES:
@@ -486,7 +492,10 @@ def test_int8_is_built_only_behind_its_gates(tmp_path: Path) -> None:
     decisions flipped against PyTorch). A DistilBERT whose linear layers each hold one large
     weight, which int8 cannot hold together with the others beside it: the accuracy gate refuses
     it, `make models` stops with the reason, and the store holds no int8 model for it to serve."""
-    checkpoints.write(tmp_path / "xlm-roberta", "xlm-roberta")
+    # A random tiny model's int8 flips a few of the 600 decisions, more for some draws of its
+    # weights than for others: this draw keeps clear of the 1 % gate (the checkpoint is the same
+    # every run, tests/checkpoints.py).
+    checkpoints.write(tmp_path / "xlm-roberta", "xlm-roberta", seed=6)
     checkpoints.write(tmp_path / "distilbert", "distilbert", outlier=500.0)
     good = {"name": "tiny-xlmr", "source": "./xlm-roberta", "backends": ["onnx", "onnx-int8"]}
     bad = {"name": "tiny-distilbert", "source": "./distilbert", "backends": ["onnx", "onnx-int8"]}
@@ -494,7 +503,12 @@ def test_int8_is_built_only_behind_its_gates(tmp_path: Path) -> None:
     # the XLM-R first: `make models` builds the entries in order and stops at the refusal
     path.write_text(yaml.safe_dump({"models": [good, bad]}))
     good_only.write_text(yaml.safe_dump({"models": [good]}))
-    env = {**os.environ, "BENTOML_HOME": str(tmp_path / "home"), "HF_HUB_OFFLINE": "1"}
+    env = {
+        **os.environ,
+        "BENTOML_HOME": str(tmp_path / "home"),
+        "HF_HUB_OFFLINE": "1",
+        **ONE_THREAD,
+    }
     proc = make("models", f"CATALOGUE={path}", env=env)
     assert proc.returncode != 0
     assert "tiny-distilbert: onnx-int8 rejected by its accuracy gate" in proc.stderr, proc.stderr

@@ -152,7 +152,19 @@ def test_int8_is_smoothed_and_quantised_in_every_weighted_matmul_but_the_kept_on
     assert export["kept_fp32"] == kept and export["smoothed_matmuls"] == 35
 
 
-def test_parity_report_per_model_and_backend(tmp_path: Path) -> None:
+@pytest.fixture
+def one_thread():
+    """PyTorch on one thread, as the engines (--threads 1): `make test` runs more workers than
+    cores, and a second thread only waited at each operator for a core another worker held."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def test_parity_report_per_model_and_backend(tmp_path: Path, one_thread) -> None:
     """`make parity` on MiniLM's entry (every backend against PyTorch, recomputed); the demo
     heads' figures as their build's gate stored them, held to the same fp32 bound (relative to
     each head's largest logit: models/checks.py); recomputing them would run the demos' PyTorch
@@ -161,7 +173,7 @@ def test_parity_report_per_model_and_backend(tmp_path: Path) -> None:
         tmp_path / "minilm.yaml", DEFAULT.model_dump(mode="json", exclude_none=True)
     )
     out = tmp_path / "parity.json"
-    assert parity.main(["--catalogue", str(minilm), "--out", str(out)]) == 0
+    assert parity.main(["--catalogue", str(minilm), "--out", str(out), "--threads", "1"]) == 0
     results = json.loads(out.read_text())
     assert list(results) == [DEFAULT.name]
     figures = results[DEFAULT.name]
@@ -211,6 +223,71 @@ def build(
         text=True,
         timeout=600,
     )
+
+
+# The builder's refusals, each in a child forked from one driver process that imported the builder
+# once (the imports are most of a refusal's time): for each JSON line on its stdin (argv, the
+# child's BENTOML_HOME, files for its stdout and stderr) a child runs models.build's main with its
+# own model store and output, and the driver prints its exit status. BentoML resolves its home when
+# the store is first reached, so in the child: the driver's own home is never created.
+# `python -m models.build` itself, in a fresh interpreter: the not-YAML test and the rebuilds.
+BUILD_DRIVER = """
+import json, os, sys, traceback
+from models import build
+
+while line := sys.stdin.readline():
+    job = json.loads(line)
+    pid = os.fork()
+    if pid == 0:
+        code = 1
+        try:
+            os.environ["BENTOML_HOME"] = job["home"]
+            for fd, path in ((1, job["stdout"]), (2, job["stderr"])):
+                os.dup2(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC), fd)
+            code = build.main(job["argv"])
+        except SystemExit as exc:
+            code = exc.code if isinstance(exc.code, int) else 1
+        except BaseException:
+            traceback.print_exc()
+        finally:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    print(os.waitstatus_to_exitcode(status), flush=True)
+"""
+
+
+@pytest.fixture(scope="module")
+def refusals(tmp_path_factory: pytest.TempPathFactory):
+    logs = tmp_path_factory.mktemp("refusals")
+    unused = logs / "driver-home"
+    env = {**os.environ, "BENTOML_HOME": str(unused), "BENTOML_DO_NOT_TRACK": "True",
+           "HF_HUB_OFFLINE": "1"}  # fmt: skip
+    driver = subprocess.Popen(
+        [sys.executable, "-c", BUILD_DRIVER], cwd=ROOT, env=env, text=True,
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+    )  # fmt: skip
+    count = 0
+
+    def run(catalogue_path: Path, home: Path) -> subprocess.CompletedProcess:
+        nonlocal count
+        count += 1
+        out, err = logs / f"{count}.out", logs / f"{count}.err"
+        argv = ["--catalogue", str(catalogue_path)]
+        job = {"argv": argv, "home": str(home), "stdout": str(out), "stderr": str(err)}
+        assert driver.stdin is not None and driver.stdout is not None
+        driver.stdin.write(json.dumps(job) + "\n")
+        driver.stdin.flush()
+        status = driver.stdout.readline()
+        assert status, "the build driver exited"
+        return subprocess.CompletedProcess(argv, int(status), out.read_text(), err.read_text())
+
+    yield run
+    assert driver.stdin is not None
+    driver.stdin.close()
+    assert driver.wait(60) == 0
+    assert not unused.exists(), "the driver reached a model store before forking"
 
 
 def assert_one_line_error(proc: subprocess.CompletedProcess, *words: str) -> None:
@@ -284,17 +361,22 @@ BAD_CATALOGUES = {
 
 
 @pytest.mark.parametrize("case", list(BAD_CATALOGUES))
-def test_a_bad_catalogue_is_refused_before_anything_is_built(tmp_path: Path, case: str) -> None:
+def test_a_bad_catalogue_is_refused_before_anything_is_built(
+    refusals, tmp_path: Path, case: str
+) -> None:
     entries, words = BAD_CATALOGUES[case]
     (tmp_path / "ck").symlink_to(encoder_source())
-    gpt = minilm_copy(tmp_path)
-    config = json.loads((gpt / "config.json").read_text())
+    gpt = tmp_path / "gpt"  # MiniLM's files (links) but its config's model type
+    gpt.mkdir()
+    for file in encoder_source().iterdir():
+        if file.name != "config.json":
+            (gpt / file.name).symlink_to(file)
+    config = json.loads((encoder_source() / "config.json").read_text())
     (gpt / "config.json").write_text(json.dumps({**config, "model_type": "gpt2"}))
-    gpt.rename(tmp_path / "gpt")
     # A good entry first: nothing of it is built either.
     good = {"name": "fine", "source": "ck", "backends": ["onnx"]}
     path = write_catalogue(tmp_path / "catalogue.yaml", good, *entries)
-    assert_one_line_error(build(home=tmp_path / "home", catalogue_path=path), *words)
+    assert_one_line_error(refusals(path, tmp_path / "home"), *words)
     assert not (tmp_path / "home" / "models").exists()
 
 
@@ -306,16 +388,14 @@ def test_a_catalogue_that_is_not_yaml_or_not_there_is_one_clear_error(tmp_path: 
     assert_one_line_error(build(home=tmp_path, catalogue_path=missing), "cannot read")
 
 
-def test_a_source_missing_a_file_is_one_clear_error(tmp_path: Path) -> None:
+def test_a_source_missing_a_file_is_one_clear_error(refusals, tmp_path: Path) -> None:
     copy = minilm_copy(tmp_path)
     (copy / "tokenizer.json").unlink()
     path = write_catalogue(tmp_path / "c.yaml", {"name": "m", "source": str(copy)})
-    assert_one_line_error(
-        build(home=tmp_path / "home", catalogue_path=path), "missing", "tokenizer.json"
-    )
+    assert_one_line_error(refusals(path, tmp_path / "home"), "missing", "tokenizer.json")
 
 
-def test_corrupted_weights_are_one_clear_error(tmp_path: Path) -> None:
+def test_corrupted_weights_are_one_clear_error(refusals, tmp_path: Path) -> None:
     copy = minilm_copy(tmp_path)
     weights = copy / "model.safetensors"
     data = bytearray(weights.read_bytes())
@@ -323,27 +403,25 @@ def test_corrupted_weights_are_one_clear_error(tmp_path: Path) -> None:
     weights.write_bytes(bytes(data))
     entry = {"name": "m", "source": str(copy), "sha256": DEFAULT.sha256}
     path = write_catalogue(tmp_path / "c.yaml", entry)
-    assert_one_line_error(build(home=tmp_path / "home", catalogue_path=path), "sha256", "corrupted")
+    assert_one_line_error(refusals(path, tmp_path / "home"), "sha256", "corrupted")
     # Without a declared hash, a truncated file is still caught before any export.
     weights.write_bytes(bytes(data[:1000]))
     path = write_catalogue(tmp_path / "c.yaml", {"name": "m", "source": str(copy)})
-    assert_one_line_error(build(home=tmp_path / "home", catalogue_path=path), "safetensors")
+    assert_one_line_error(refusals(path, tmp_path / "home"), "safetensors")
 
 
-def test_a_hub_source_without_a_hub_is_one_clear_error(tmp_path: Path) -> None:
+def test_a_hub_source_without_a_hub_is_one_clear_error(refusals, tmp_path: Path) -> None:
     entry = {"name": "xlmr", "source": "FacebookAI/xlm-roberta-base"}
     path = write_catalogue(tmp_path / "c.yaml", entry)
-    assert_one_line_error(
-        build(home=tmp_path / "home", catalogue_path=path), "models (xlmr)", "cannot fetch"
-    )
+    assert_one_line_error(refusals(path, tmp_path / "home"), "models (xlmr)", "cannot fetch")
 
 
-def test_a_classification_task_needs_a_head(tmp_path: Path) -> None:
+def test_a_classification_task_needs_a_head(refusals, tmp_path: Path) -> None:
     bare = checkpoints.write(tmp_path / "bare", "distilbert")
     entry = {"name": "c", "source": str(bare), "task": "classify"}
     path = write_catalogue(tmp_path / "c.yaml", entry)
     assert_one_line_error(
-        build(home=tmp_path / "home", catalogue_path=path),
+        refusals(path, tmp_path / "home"),
         "models (c)",
         "sequence-classification head",
     )

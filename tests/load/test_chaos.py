@@ -34,7 +34,7 @@ def chaos_graph(graph_server: Server) -> Server:
 
 @pytest.fixture(scope="module")
 def report(chaos_graph: Server) -> dict:
-    result = asyncio.run(chaos.run(chaos_graph, seconds=8))
+    result = asyncio.run(chaos.run(chaos_graph, seconds=5))
     print(json.dumps(result, indent=1))
     print(chaos.render(result))
     return result

@@ -16,7 +16,7 @@ SERVICES = {"tokenizer", "onnx_runner", "tf_runner", "tenant_runner"}
 
 @pytest.fixture(scope="module")
 def result() -> dict:
-    found = cold_start.run(starts=1, steady=10, idle=3)
+    found = cold_start.run(starts=1, steady=10, idle=1)
     print(json.dumps(found, indent=1))
     print(cold_start.render(found))
     return found

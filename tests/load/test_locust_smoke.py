@@ -58,7 +58,7 @@ def test_each_user_class_runs_without_failures(
         graph,
         user_class,
         4,
-        5,
+        3,
         ROOT / "build" / "locust" / user_class,
         "--tenants",
         str(demo_tenants),

@@ -1,27 +1,29 @@
-"""`make profile`, briefly, on the real graph: py-spy samples both workers under chat load, the
+"""`make profile`, briefly, on the session's graph (tests/conftest.py: it runs first of the
+modules that share it, before any other load): py-spy samples both workers under chat load, the
 samples land in categories that name the real work, and /proc's CPU is split among them whole."""
 
 from __future__ import annotations
 
 import json
 import math
-import os
-import sys
 from pathlib import Path
 
-from testkit.processes import ROOT, run_tree
+import pytest
+
+from loadtests import profile
+from testkit.processes import ROOT, Server
 
 RECORDED = ROOT / "loadtests" / "results"
 USERS = 16
 
 
-def test_a_short_profile_attributes_each_workers_cpu(tmp_path: Path) -> None:
+def test_a_short_profile_attributes_each_workers_cpu(
+    tmp_path: Path, graph_server: Server, monkeypatch: pytest.MonkeyPatch
+) -> None:
     before = {p: p.read_bytes() for p in RECORDED.rglob("*") if p.is_file()}
-    env = {**os.environ, "BENCH_OUT": str(tmp_path), "BENTOML_DO_NOT_TRACK": "True"}
-    argv = [sys.executable, "-m", "loadtests.profile", "--seconds", "8", "--users", str(USERS)]
-    # run_tree: on a timeout the profile's server is stopped by PID with it
-    proc = run_tree([*argv, "--out", str(tmp_path / "p.json")], 600, cwd=ROOT, env=env)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    monkeypatch.setattr(profile, "OUT", tmp_path)  # py-spy's raw stacks
+    argv = ["--seconds", "8", "--users", str(USERS), "--out", str(tmp_path / "p.json")]
+    assert profile.main(argv, server=graph_server) == 0
     after = {p: p.read_bytes() for p in RECORDED.rglob("*") if p.is_file()}
     assert after == before  # shorter than a full run: not recorded
     run = json.loads((tmp_path / "p.json").read_text())["profile"]

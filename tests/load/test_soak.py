@@ -1,4 +1,4 @@
-"""The soak in CI: 30 seconds of every endpoint at ~70 % of capacity, sampled every 3 s (`make soak`
+"""The soak in CI: 20 seconds of every endpoint at ~70 % of capacity, sampled every 2 s (`make soak`
 runs 10 minutes, sampled every 30 s).
 No request may fail; no server process may grow its resident memory or its descriptors other than
 sockets by more than 10 % after warm-up, nor hold more than one socket more at rest after the soak
@@ -18,9 +18,9 @@ from testkit.processes import Server
 
 @pytest.fixture(scope="module")
 def report(graph_server: Server, tenant_store: Path) -> dict:
-    # the session's graph; a registry write every 6 s: each kind (train, upload, delete) in the 30 s
+    # the session's graph; a registry write every 3 s: each kind (train, upload, delete) in the 20 s
     server = graph_server
-    run = soak.run(server, seconds=30, interval=3, store=tenant_store, write_every_s=6)
+    run = soak.run(server, seconds=20, interval=2, store=tenant_store, write_every_s=3)
     result = asyncio.run(run)
     print(json.dumps({k: v for k, v in result.items() if k != "samples"}, indent=1))
     print(soak.render(result))
@@ -46,7 +46,7 @@ def test_every_endpoint_is_in_the_mix(report: dict) -> None:
 
 
 def test_every_server_process_is_watched(report: dict) -> None:
-    assert len(report["samples"]) >= 10  # every 3 s over 30 s, and one at the end
+    assert len(report["samples"]) >= 10  # every 2 s over 20 s, and one at the end
     for sampled in report["samples"]:
         names = " ".join(sampled["processes"])
         # the arbiter (bentoml) and the four services' workers, at every sample
