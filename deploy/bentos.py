@@ -37,16 +37,19 @@ def context(name: str, spec: dict) -> Path:
     virtual environment and the build outputs, most of the files a walk of it meets and most of a
     build's time. Hidden folders and build/ are not walked here (BentoML leaves .git and .venv out
     of any bento; the patterns name the source folders). The patterns are matched as BentoML
-    matches them (pathspec's gitwildmatch)."""
+    matches them (pathspec's gitwildmatch). The project's README.md goes in too: BentoML makes it
+    the bento's README where the bentofile has no description. What the bentofiles here do not
+    use is not copied: a .bentoignore, python.wheels, a description read from a file."""
     from pathspec import PathSpec
 
     include = PathSpec.from_lines("gitwildmatch", spec.get("include") or ["*"])
     exclude = PathSpec.from_lines("gitwildmatch", spec.get("exclude") or [])
     ctx = ROOT / "build" / "bento-context" / name
     shutil.rmtree(ctx, ignore_errors=True)
-    # Files the bentofile names by path, relative to the context (a setup script, requirements).
+    # The README and the files the bentofile names by path, relative to the context (a setup
+    # script, requirements).
     docker, python = spec.get("docker") or {}, spec.get("python") or {}
-    named = [docker.get("setup_script"), docker.get("dockerfile_template"),
+    named = ["README.md", docker.get("setup_script"), docker.get("dockerfile_template"),
              python.get("requirements_txt"), (spec.get("conda") or {}).get("environment_yml")]  # fmt: skip
     for relative in filter(None, named):
         (ctx / relative).parent.mkdir(parents=True, exist_ok=True)

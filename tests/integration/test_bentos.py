@@ -4,11 +4,14 @@ own engine and its own models."""
 from __future__ import annotations
 
 import re
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
 import bentoml
 import pytest
+import yaml
+from pathspec import PathSpec
 
 from deploy import bentos as deploy_bentos
 from serving import catalogue
@@ -79,6 +82,25 @@ def test_each_bento_has_only_its_own_engine_and_models(built: dict[str, Path]) -
     assert models(built["bento-bundle"]) >= {"all-minilm-l6-v2-onnx", "all-minilm-l6-v2-tf"}
     for bento in built.values():  # what the services read at start to know what they serve
         assert (bento / "src" / "models" / "catalogue.yaml").is_file(), bento
+
+
+def test_each_bento_holds_every_file_its_bentofile_includes_and_the_readme(
+    built: dict[str, Path],
+) -> None:
+    """Each bento is built from a folder of only the files its bentofile includes
+    (deploy/bentos.py): it holds every tracked file of the checkout that its patterns include, as
+    a build from the checkout itself does, and the project's README as its own."""
+    listed = subprocess.run(["git", "ls-files"], cwd=deploy_bentos.ROOT, capture_output=True,
+                            text=True, check=True).stdout.splitlines()  # fmt: skip
+    for name, bento in built.items():
+        spec = yaml.safe_load((deploy_bentos.ROOT / deploy_bentos.BENTOS[name]).read_text())
+        include = PathSpec.from_lines("gitwildmatch", spec.get("include") or ["*"])
+        exclude = PathSpec.from_lines("gitwildmatch", spec.get("exclude") or [])
+        wanted = {f for f in listed if include.match_file(f) and not exclude.match_file(f)}
+        held = {p.relative_to(bento / "src").as_posix() for p in (bento / "src").rglob("*")}
+        assert wanted and not wanted - held, (name, sorted(wanted - held))
+        readme = (deploy_bentos.ROOT / "README.md").read_text()
+        assert (bento / "README.md").read_text() == readme, name
 
 
 def test_the_build_script_refuses_an_unknown_bento(capsys: pytest.CaptureFixture[str]) -> None:

@@ -6,12 +6,14 @@ from __future__ import annotations
 
 import json
 import os
+import select
 import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import numpy as np
+import psutil
 import pytest
 import yaml
 
@@ -19,7 +21,7 @@ from models import corpus, encoder, parity, store
 from models.checks import parity_failure
 from serving import catalogue, contracts
 from serving.features import load_tokenizer, pad, tokenize
-from testkit.processes import ROOT
+from testkit.processes import ROOT, stop_processes
 from tests import checkpoints
 
 KNOWN = ("A man is eating food.", "A man is eating a piece of bread.")
@@ -279,6 +281,11 @@ def refusals(tmp_path_factory: pytest.TempPathFactory):
         assert driver.stdin is not None and driver.stdout is not None
         driver.stdin.write(json.dumps(job) + "\n")
         driver.stdin.flush()
+        # as long as the interpreter it replaces had (build()): a child that hangs fails the test
+        if not select.select([driver.stdout], [], [], 600)[0]:
+            tree = psutil.Process(driver.pid)
+            assert not stop_processes([*tree.children(recursive=True), tree])
+            pytest.fail(f"the build driver's child did not finish: {out}, {err}")
         status = driver.stdout.readline()
         assert status, "the build driver exited"
         return subprocess.CompletedProcess(argv, int(status), out.read_text(), err.read_text())
