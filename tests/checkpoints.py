@@ -5,7 +5,7 @@ Only MiniLM's real weights can be had on these machines; these stand in for the 
 tokenizer of its architecture's kind trained on the project's corpus: RoBERTa a byte-level BPE,
 XLM-RoBERTa a SentencePiece Unigram, DistilBERT (and BERT) a WordPiece, with the special tokens,
 pad id and pair template of the real ones. Weights are drawn from a fixed seed, and the RoBERTa
-and XLM-RoBERTa tokenizers are the same every run: those checkpoints are the same every run. The
+and XLM-RoBERTa tokenizers train to the same tokenizer each time (tests/unit/test_checkpoints.py). The
 WordPiece trainer's vocabulary varies from run to run in its ties (the tests of those checkpoints
 compare the served model with PyTorch on the same files, whichever they are).
 """

@@ -90,8 +90,10 @@ def test_each_bento_holds_every_file_its_bentofile_includes_and_the_readme(
     """Each bento is built from a folder of only the files its bentofile includes
     (deploy/bentos.py): it holds every tracked file of the checkout that its patterns include, as
     a build from the checkout itself does, and the project's README as its own."""
-    listed = subprocess.run(["git", "ls-files"], cwd=deploy_bentos.ROOT, capture_output=True,
-                            text=True, check=True).stdout.splitlines()  # fmt: skip
+    # the checkout's tracked files (a file deleted but not yet committed is not there to include)
+    listed = subprocess.run(["git", "ls-files", "-z"], cwd=deploy_bentos.ROOT, capture_output=True,
+                            text=True, check=True).stdout.split("\0")  # fmt: skip
+    listed = [f for f in listed if f and (deploy_bentos.ROOT / f).is_file()]
     for name, bento in built.items():
         spec = yaml.safe_load((deploy_bentos.ROOT / deploy_bentos.BENTOS[name]).read_text())
         include = PathSpec.from_lines("gitwildmatch", spec.get("include") or ["*"])

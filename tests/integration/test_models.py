@@ -270,10 +270,12 @@ def refusals(tmp_path_factory: pytest.TempPathFactory):
         [sys.executable, "-c", BUILD_DRIVER], cwd=ROOT, env=env, text=True,
         stdin=subprocess.PIPE, stdout=subprocess.PIPE,
     )  # fmt: skip
-    count = 0
+    count, killed = 0, False
 
     def run(catalogue_path: Path, home: Path) -> subprocess.CompletedProcess:
-        nonlocal count
+        nonlocal count, killed
+        if killed:
+            pytest.fail("the build driver was stopped when an earlier refusal hung")
         count += 1
         out, err = logs / f"{count}.out", logs / f"{count}.err"
         argv = ["--catalogue", str(catalogue_path)]
@@ -281,17 +283,22 @@ def refusals(tmp_path_factory: pytest.TempPathFactory):
         assert driver.stdin is not None and driver.stdout is not None
         driver.stdin.write(json.dumps(job) + "\n")
         driver.stdin.flush()
-        # as long as the interpreter it replaces had (build()): a child that hangs fails the test
+        # as long as the interpreter it replaces had (build()): a child that hangs fails the test.
+        # The driver writes one line a job and nothing else, so nothing waits unread in the
+        # pipe's buffer when select says it is empty.
         if not select.select([driver.stdout], [], [], 600)[0]:
+            killed = True
             tree = psutil.Process(driver.pid)
             assert not stop_processes([*tree.children(recursive=True), tree])
-            pytest.fail(f"the build driver's child did not finish: {out}, {err}")
+            pytest.fail(f"a refusal did not finish: {err.read_text()[-2000:]}")
         status = driver.stdout.readline()
         assert status, "the build driver exited"
         return subprocess.CompletedProcess(argv, int(status), out.read_text(), err.read_text())
 
     yield run
     assert driver.stdin is not None
+    if killed:
+        return
     driver.stdin.close()
     assert driver.wait(60) == 0
     assert not unused.exists(), "the driver reached a model store before forking"
