@@ -6,6 +6,7 @@ import base64
 import concurrent.futures
 import re
 import time
+from collections import Counter
 
 import httpx
 import numpy as np
@@ -16,6 +17,7 @@ from models import corpus, encoder, store
 from serving import catalogue, contracts
 from serving.features import cosine, pad, tokenize
 from serving.tallies import FLUSH_S
+from testkit.processes import Server
 
 MODEL = catalogue.current().models[0]  # the default embed model: all-MiniLM-L6-v2
 
@@ -282,9 +284,12 @@ def test_pickle_is_refused_on_the_public_port(client: httpx.Client) -> None:
     assert resp.status_code == 415
 
 
-def test_concurrent_requests_are_batched_and_none_fail(client: httpx.Client, graph: str) -> None:
+def test_concurrent_requests_are_batched_and_none_fail(
+    client: httpx.Client, graph_server: Server
+) -> None:
     """Hundreds of calls cross the runner hop with some always in flight: BentoML's default
-    runner_connection (recycle after 100 requests) failed such calls; the runners raise it."""
+    runner_connection (recycle after 100 requests) failed such calls; the runners raise it.
+    A failure names what was answered, what the services shed and what they logged meanwhile."""
 
     def rows_sum() -> tuple[float, float]:
         text = client.get("/metrics").text
@@ -301,17 +306,30 @@ def test_concurrent_requests_are_batched_and_none_fail(client: httpx.Client, gra
 
     rows0, calls0 = rows_sum()
     texts = corpus.load_texts()
+    logged = graph_server.log.stat().st_size
 
-    def user(i: int) -> list[int]:
-        with httpx.Client(base_url=graph, timeout=60) as c:
+    def user(i: int) -> list[httpx.Response]:
+        with httpx.Client(base_url=graph_server.url, timeout=60) as c:
             return [
-                c.post("/embed", json={"texts": [texts[(i * 31 + k) % len(texts)]]}).status_code
+                c.post("/embed", json={"texts": [texts[(i * 31 + k) % len(texts)]]})
                 for k in range(20)
             ]
 
     with concurrent.futures.ThreadPoolExecutor(32) as pool:
-        statuses = [s for result in pool.map(user, range(32)) for s in result]
-    assert statuses.count(200) == len(statuses) == 640
+        answers = [r for result in pool.map(user, range(32)) for r in result]
+    failed = [f"{r.status_code} {r.text[:300]}" for r in answers if r.status_code != 200]
+    if failed:
+        shed = [
+            line
+            for line in client.get("/metrics").text.splitlines()
+            if "bundle_shed_requests" in line and not line.startswith("#")
+        ]
+        with graph_server.log.open("rb") as log:
+            log.seek(logged)
+            meanwhile = log.read().decode(errors="replace")[-4000:]
+        most = Counter(failed).most_common(5)
+        pytest.fail(f"{len(failed)} of 640 failed, most often: {most}\n{shed}\n{meanwhile}")
+    assert len(answers) == 640
     time.sleep(2 * FLUSH_S)  # the runner writes its batch metrics within FLUSH_S of observing them
     rows1, calls1 = rows_sum()
     assert calls1 > calls0
