@@ -32,9 +32,10 @@ class Admission:
     on_shed: Callable[[str], None] = field(default=lambda reason: None, repr=False)
     waiting: int = 0  # tokens admitted, not yet started
     running: int = 0  # tokens started, not yet finished
-    # When the latest overlapping call ended; the tokens and seconds not yet measured (overlapped).
+    # When the latest overlapping call ended; the tokens and seconds not yet measured (overlapped),
+    # and whether any of those calls ended while other work was admitted.
     _last_done: float = field(default=0.0, init=False, repr=False)
-    _window: tuple[int, float] = field(default=(0, 0.0), init=False, repr=False)
+    _window: tuple[int, float, bool] = field(default=(0, 0.0, False), init=False, repr=False)
     _averages: tuple[float, float] = field(default=(0.0, 0.0), init=False, repr=False)
 
     def backlog_s(self) -> float:
@@ -113,12 +114,22 @@ class Admission:
         that run at once (a runner's lanes, the tokenizer's calls in flight). The speed to plan
         with is the instance's, not one call's: a call's share of the time is what passed since
         the previous call ended (or since it began). Calls that end together share little time
-        each, so the speed is updated per ``WINDOW_S`` of that time rather than per call."""
-        window_tokens, window_s = self._window
+        each, so the speed is updated per ``WINDOW_S`` of that time rather than per call.
+
+        The speed admission needs is the instance's under load, when calls carry whatever has
+        queued. A call that ends with no other work admitted (none waiting, none running; call
+        ``finished`` first) measures how long one call of what arrived takes, mostly its fixed
+        cost (the hop, the engine's per-call work): lone requests of a few tokens each would set
+        the speed to a few tokens per round trip, and the next burst, which one call would
+        serve, be refused as seconds of work. So a window in which every call ended alone may
+        raise the speed, never lower it."""
+        window_tokens, window_s, crowded = self._window
         window_tokens += tokens
         window_s += max(0.0, ended - max(began, self._last_done))
+        crowded = crowded or self.waiting + self.running > 0
         self._last_done = max(self._last_done, ended)
         if window_s >= WINDOW_S:
-            self.measured(window_tokens, window_s)
-            window_tokens, window_s = 0, 0.0
-        self._window = (window_tokens, window_s)
+            if crowded or window_tokens > self.tokens_per_s * window_s:
+                self.measured(window_tokens, window_s)
+            window_tokens, window_s, crowded = 0, 0.0, False
+        self._window = (window_tokens, window_s, crowded)

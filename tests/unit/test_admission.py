@@ -32,6 +32,7 @@ def test_overlapping_calls_measure_the_instance_speed_not_one_call_s() -> None:
     first: the instance did 20 tokens in 0.375 s. Each call alone says 10 in 0.25 s (40/s); the
     second's own share of the time is only what passed after the first ended (0.125 s)."""
     admission = Admission(max_queue_tokens=1000, deadline_s=1, tokens_per_s=40)
+    admission.waiting = 10  # requests wait meanwhile: the calls measure the loaded instance
     admission.overlapped(10, 0.0, 0.25)  # its own 0.25 s: 40 tokens/s, the seed's speed
     admission.overlapped(10, 0.125, 0.375)
     # the averages of tokens and of seconds (the seed counting as one window at 40/s)
@@ -58,6 +59,7 @@ def test_calls_ending_together_wait_for_a_whole_window() -> None:
     """Calls whose own share of the time is tiny are not measured one by one: the speed moves
     once WINDOW_S of the instance's time has passed."""
     admission = Admission(max_queue_tokens=1000, deadline_s=1, tokens_per_s=100)
+    admission.waiting = 10
     admission.overlapped(10, 0.0, 0.001)
     admission.overlapped(10, 0.0, 0.002)
     assert admission.tokens_per_s == 100  # 2 ms of the instance's time: not measured yet
@@ -79,6 +81,7 @@ def test_work_done_unmeasured_leaves_the_speed_as_it_was() -> None:
     """A warm-up's call (a few tokens over a slow first call) would drag the speed far down, and
     with it what admission lets in; unmeasured, the estimate is the one from before."""
     admission = Admission(max_queue_tokens=10_000, deadline_s=1.0, tokens_per_s=1000)
+    admission.waiting = 10  # requests wait: a slow call would lower the speed
     admission.overlapped(100, 0.0, 0.1)  # one window at 1,000 tokens/s
     speed, state = admission.tokens_per_s, admission._averages
     with admission.unmeasured():
@@ -87,3 +90,22 @@ def test_work_done_unmeasured_leaves_the_speed_as_it_was() -> None:
     assert (admission.tokens_per_s, admission._averages) == (speed, state)
     admission.overlapped(4, 0.6, 1.1)  # outside, the same call moves it
     assert admission.tokens_per_s < speed / 2
+
+
+def test_calls_ending_alone_never_lower_the_speed_but_may_raise_it() -> None:
+    """Lone requests of a few tokens, one at a time, each a slow round trip on a loaded host: the
+    speed stays what it was, and a burst that one call would serve is admitted whole. A call that
+    ends among other work (waiting or running) measures the loaded instance, slower or not."""
+    admission = Admission(max_queue_tokens=131_072, deadline_s=10.0, tokens_per_s=2000)
+    for k in range(35):  # 4 tokens per 0.1 s: 40 tokens/s, measured they would set the speed
+        admission.overlapped(4, k * 0.3, k * 0.3 + 0.1)
+    assert admission.tokens_per_s == 2000
+    for _ in range(32):  # 32 users' short texts arriving at once
+        admission.admit(20)
+    assert admission.waiting == 640  # none refused
+    admission.started(20)
+    admission.overlapped(20, 20.0, 20.1)  # the burst's first call, ended with the rest waiting
+    assert admission.tokens_per_s < 2000
+    idle = Admission(max_queue_tokens=1000, deadline_s=1.0, tokens_per_s=100)
+    idle.overlapped(100, 0.0, 0.1)  # 1,000 tokens/s with nothing waiting: faster, so it counts
+    assert idle.tokens_per_s > 100

@@ -353,3 +353,42 @@ def test_embeddings_wait_while_the_runner_has_no_replica_and_get_their_own_rows(
     bare = coalescer_for(FakeRunner(fail=down), max_inflight=2)
     with pytest.raises(NoReplica):
         asyncio.run(bare.embed([[1]]))
+
+
+def test_a_burst_after_lone_requests_on_a_slow_hop_is_admitted_whole(
+    now: list[float], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On a loaded host a lone request's round trip is long whatever it carries: lone requests of
+    a few tokens, then 32 short texts at once, which one call serves. Lone calls measured as the
+    instance's speed would refuse most of the burst as seconds of work (503)."""
+    from serving.batching import queue
+
+    monkeypatch.setattr(queue, "clock", lambda: now[0])  # deadlines on the coalescer's clock
+    slow = SlowHop(now, round_trip_s=0.1)
+
+    async def main() -> list[Embedded | BaseException]:
+        coalescer = coalescer_for(slow, max_inflight=2)  # the default settings
+        for _ in range(35):
+            await coalescer.embed([[101, 7, 8, 102]])
+            now[0] += 0.3  # the next request comes later
+        burst = [coalescer.embed([[101, *range(18), 102]]) for _ in range(32)]
+        return await asyncio.gather(*burst, return_exceptions=True)
+
+    answers = asyncio.run(main())
+    refused = [a for a in answers if isinstance(a, BaseException)]
+    assert not refused, f"{len(refused)} of 32 refused: {refused[0]}"
+    assert sum(slow.calls[35:]) == 32
+
+
+class SlowHop(FakeRunner):
+    """A runner whose every call takes the same round trip on the coalescer's clock."""
+
+    def __init__(self, now: list[float], round_trip_s: float) -> None:
+        super().__init__()
+        self.now, self.round_trip_s = now, round_trip_s
+
+    async def embed(self, ids: list[list[int]], deadline_s: float) -> Embedded:
+        self.calls.append(len(ids))
+        await asyncio.sleep(0)
+        self.now[0] += self.round_trip_s
+        return Embedded(np.zeros((len(ids), 2), dtype=np.float32), 0.0, self.round_trip_s * 1000)
