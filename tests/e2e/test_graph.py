@@ -20,6 +20,7 @@ from serving.tallies import FLUSH_S
 from testkit.processes import Server
 
 MODEL = catalogue.current().models[0]  # the default embed model: all-MiniLM-L6-v2
+SHED = "bundle_shed_requests_total{"  # requests refused, by service, model and reason
 
 KNOWN = ("A man is eating food.", "A man is eating a piece of bread.")
 MIXED = [
@@ -304,32 +305,46 @@ def test_concurrent_requests_are_batched_and_none_fail(
 
         return read("bundle_batch_rows_sum"), read("bundle_batch_rows_count")
 
+    def shed() -> Counter[str]:
+        lines = client.get("/metrics").text.splitlines()
+        return Counter(
+            {n: float(v) for n, v in (s.rsplit(" ", 1) for s in lines if s.startswith(SHED))}
+        )
+
     rows0, calls0 = rows_sum()
+    shed0 = shed()
     texts = corpus.load_texts()
     logged = graph_server.log.stat().st_size
 
-    def user(i: int) -> list[httpx.Response]:
+    def user(i: int) -> list[str]:
+        """What each call got: "200", or the status and the body's message, or the error."""
+        got = []
         with httpx.Client(base_url=graph_server.url, timeout=60) as c:
-            return [
-                c.post("/embed", json={"texts": [texts[(i * 31 + k) % len(texts)]]})
-                for k in range(20)
-            ]
+            for k in range(20):
+                try:
+                    r = c.post("/embed", json={"texts": [texts[(i * 31 + k) % len(texts)]]})
+                except httpx.HTTPError as exc:
+                    got.append(f"{type(exc).__name__}: {exc}")
+                    continue
+                got.append("200" if r.status_code == 200 else f"{r.status_code} {r.text[:200]}")
+        return got
 
     with concurrent.futures.ThreadPoolExecutor(32) as pool:
-        answers = [r for result in pool.map(user, range(32)) for r in result]
-    failed = [f"{r.status_code} {r.text[:300]}" for r in answers if r.status_code != 200]
+        answers = [a for result in pool.map(user, range(32)) for a in result]
+    # Grouped by kind: the status, then the message with its figures masked.
+    failed = [
+        f"{head} {re.sub(r'[0-9.]+', 'N', rest)}"
+        for head, _, rest in (a.partition(" ") for a in answers if a != "200")
+    ]
     if failed:
-        shed = [
-            line
-            for line in client.get("/metrics").text.splitlines()
-            if "bundle_shed_requests" in line and not line.startswith("#")
-        ]
         with graph_server.log.open("rb") as log:
             log.seek(logged)
             meanwhile = log.read().decode(errors="replace")[-4000:]
-        most = Counter(failed).most_common(5)
-        pytest.fail(f"{len(failed)} of 640 failed, most often: {most}\n{shed}\n{meanwhile}")
-    assert len(answers) == 640
+        pytest.fail(
+            f"{len(failed)} of {len(answers)} failed, most often: "
+            f"{Counter(failed).most_common(5)}\nshed meanwhile: {dict(shed() - shed0)}\n"
+            f"logged meanwhile:\n{meanwhile}"
+        )
     time.sleep(2 * FLUSH_S)  # the runner writes its batch metrics within FLUSH_S of observing them
     rows1, calls1 = rows_sum()
     assert calls1 > calls0

@@ -846,8 +846,9 @@ def test_a_solo_call_runs_with_nothing_beside_it() -> None:
 
 
 def test_engine_calls_teach_admission_the_speed() -> None:
-    """Every call the batcher runs is measured (Admission.overlapped): after calls worth more
-    than a window, the speed admission plans with is no longer the seed it started from."""
+    """The calls that end among other work are measured (Admission.overlapped): after calls
+    worth more than a window, the speed admission plans with is no longer the seed it started
+    from."""
     from serving.batching import Lanes
 
     async def main():
@@ -859,6 +860,20 @@ def test_engine_calls_teach_admission_the_speed() -> None:
         return batcher.tokens_per_s
 
     assert run(main()) < 1e6  # ~100 tokens/s measured: far below the seed, whatever the timing
+
+
+def test_lone_engine_calls_leave_the_speed_where_it_was() -> None:
+    """Requests one at a time each make a call that ends alone: slow as they are, they say how
+    long one call takes, not what the instance does with a backlog."""
+
+    async def main():
+        batcher = Batcher(FakeEngine(delay_s=0.03), Policy(max_batch_rows=1), tokens_per_s=1e6)
+        for _ in range(4):  # 3 tokens per 0.03 s each: ~100 tokens/s, over two windows
+            await batcher.submit([[1, 2, 3]])
+        await batcher.close()
+        return batcher.tokens_per_s
+
+    assert run(main()) == 1e6
 
 
 def test_an_engine_call_s_cpu_is_its_lane_thread_s_inside_the_engine_and_nothing_around_it(

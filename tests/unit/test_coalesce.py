@@ -358,19 +358,20 @@ def test_embeddings_wait_while_the_runner_has_no_replica_and_get_their_own_rows(
 def test_a_burst_after_lone_requests_on_a_slow_hop_is_admitted_whole(
     now: list[float], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """On a loaded host a lone request's round trip is long whatever it carries: lone requests of
-    a few tokens, then 32 short texts at once, which one call serves. Lone calls measured as the
-    instance's speed would refuse most of the burst as seconds of work (503)."""
+    """On a loaded host a call's round trip is long whatever it carries: requests of a few
+    tokens, one at a time, then 32 short texts at once, which one call serves. Calls that ended
+    alone, measured as the instance's speed, would refuse most of the burst as seconds of work
+    (503)."""
     from serving.batching import queue
 
     monkeypatch.setattr(queue, "clock", lambda: now[0])  # deadlines on the coalescer's clock
     slow = SlowHop(now, round_trip_s=0.1)
+    coalescer = coalescer_for(slow, max_inflight=2)  # the default settings
 
     async def main() -> list[Embedded | BaseException]:
-        coalescer = coalescer_for(slow, max_inflight=2)  # the default settings
         for _ in range(35):
             await coalescer.embed([[101, 7, 8, 102]])
-            now[0] += 0.3  # the next request comes later
+            now[0] += 0.3  # the next one comes later
         burst = [coalescer.embed([[101, *range(18), 102]]) for _ in range(32)]
         return await asyncio.gather(*burst, return_exceptions=True)
 
@@ -378,6 +379,25 @@ def test_a_burst_after_lone_requests_on_a_slow_hop_is_admitted_whole(
     refused = [a for a in answers if isinstance(a, BaseException)]
     assert not refused, f"{len(refused)} of 32 refused: {refused[0]}"
     assert sum(slow.calls[35:]) == 32
+
+
+def test_a_backlog_of_more_than_a_call_measures_the_speed(
+    now: list[float], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Calls that end while others wait (each carries what its token cap allows) are the
+    instance's speed under load: slow ones bring the estimate down."""
+    from serving.batching import queue
+
+    monkeypatch.setattr(queue, "clock", lambda: now[0])
+    slow = SlowHop(now, round_trip_s=0.1)
+    coalescer = coalescer_for(slow, max_inflight=2, max_tokens=40)
+
+    async def main() -> None:
+        await asyncio.gather(*(coalescer.embed([[7] * 20]) for _ in range(30)))
+
+    asyncio.run(main())
+    assert max(slow.calls) == 2 and sum(slow.calls) == 30  # cut at the cap: the others waited
+    assert coalescer.queue.admission.tokens_per_s < 1000  # ~400 tokens/s: 40 per 0.1 s
 
 
 class SlowHop(FakeRunner):
