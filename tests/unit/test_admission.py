@@ -104,8 +104,23 @@ def test_calls_ending_alone_never_lower_the_speed_but_may_raise_it() -> None:
         admission.admit(20)
     assert admission.waiting == 640  # none refused
     admission.started(20)
+    admission.finished(20)
     admission.overlapped(20, 20.0, 20.1)  # the burst's first call, ended with the rest waiting
     assert admission.tokens_per_s < 2000
     idle = Admission(max_queue_tokens=1000, deadline_s=1.0, tokens_per_s=100)
     idle.overlapped(100, 0.0, 0.1)  # 1,000 tokens/s with nothing waiting: faster, so it counts
     assert idle.tokens_per_s > 100
+
+
+def test_one_call_among_others_makes_its_window_measured_and_the_next_starts_alone() -> None:
+    """The speed moves per window of calls: a window in which one call ended among others is
+    measured whole, slow lone calls in it included; the window after it starts alone again."""
+    admission = Admission(max_queue_tokens=1000, deadline_s=1.0, tokens_per_s=1000)
+    admission.waiting = 10  # a request waits as the first call ends
+    admission.overlapped(1, 0.0, 0.01)
+    admission.waiting = 0
+    admission.overlapped(4, 0.01, 0.01 + WINDOW_S)  # alone, slow: its window is measured anyway
+    measured = admission.tokens_per_s
+    assert measured < 1000
+    admission.overlapped(4, 1.0, 1.0 + WINDOW_S)  # a window of lone calls only: left as it was
+    assert admission.tokens_per_s == measured

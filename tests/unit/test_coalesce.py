@@ -359,8 +359,8 @@ def test_a_burst_after_lone_requests_on_a_slow_hop_is_admitted_whole(
     now: list[float], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """On a loaded host a call's round trip is long whatever it carries: requests of a few
-    tokens, one at a time, then 32 short texts at once, which one call serves. Calls that ended
-    alone, measured as the instance's speed, would refuse most of the burst as seconds of work
+    tokens, one at a time, then 32 short texts at once, which fit in one runner call. Calls that
+    ended alone, measured as the instance's speed, refused half of the burst as seconds of work
     (503)."""
     from serving.batching import queue
 
@@ -378,7 +378,7 @@ def test_a_burst_after_lone_requests_on_a_slow_hop_is_admitted_whole(
     answers = asyncio.run(main())
     refused = [a for a in answers if isinstance(a, BaseException)]
     assert not refused, f"{len(refused)} of 32 refused: {refused[0]}"
-    assert sum(slow.calls[35:]) == 32
+    assert sum(slow.calls[35:]) == 32 and len(slow.calls[35:]) <= 3  # a few calls, not seconds
 
 
 def test_a_backlog_of_more_than_a_call_measures_the_speed(
