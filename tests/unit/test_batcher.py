@@ -15,6 +15,7 @@ from serving.batching import Batcher
 from serving.batching.metrics import NullRecorder
 from serving.errors import DeadlineExceeded, QueueFull
 from serving.features import Feeds
+from tests.waits import until
 
 
 class FakeEngine:
@@ -78,14 +79,6 @@ class Sheds(NullRecorder):
 
 def run(coro):
     return asyncio.run(coro)
-
-
-async def until(condition, timeout_s: float = 10.0) -> None:
-    """Wait on the event loop until ``condition()`` holds (a state, not a guess at a delay)."""
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        assert time.monotonic() < deadline, "the batcher never reached the state waited for"
-        await asyncio.sleep(0.001)
 
 
 def Policy(**overrides):
@@ -196,15 +189,20 @@ def test_rows_held_from_one_round_join_the_next_and_the_oldest_goes_first() -> N
 def test_held_rows_whose_caller_went_cost_no_engine_time() -> None:
     from serving.batching import Lanes
 
-    engine = FakeEngine(delay_s=0.2)
+    engine = FakeEngine(gated=True)
 
     async def main():
-        batcher = Batcher(engine, Policy(max_batch_rows=2), lanes=Lanes(1))
-        blocker = asyncio.create_task(batcher.submit([[1] * 5]))
-        await asyncio.sleep(0.05)
-        gone = asyncio.create_task(batcher.submit([[2] * 5, [3] * 40]))  # in line, held
-        await asyncio.sleep(0.05)
-        gone.cancel()
+        lanes = Lanes(1)
+        batcher = Batcher(engine, Policy(max_batch_rows=2), lanes=lanes)
+        try:
+            blocker = asyncio.create_task(batcher.submit([[1] * 5]))
+            await until(lambda: engine.seen == [1])  # on the lane
+            gone = asyncio.create_task(batcher.submit([[2] * 5, [3] * 40]))  # in line, held
+            await until(lambda: lanes.held == lanes.slots and batcher.admission.waiting == 0)
+            gone.cancel()
+            await until(gone.done)
+        finally:
+            engine.finish(100)
         await blocker
         kept = await batcher.submit([[4] * 40])
         await batcher.close()
@@ -248,18 +246,23 @@ def test_a_held_row_whose_caller_went_is_planned_out_of_the_call_it_was_cut_into
     tokens as finished twice)."""
     from serving.batching import Lanes
 
-    engine = FakeEngine(delay_s=0.2)
+    engine = FakeEngine(gated=True)
 
     async def main():
-        batcher = Batcher(engine, Policy(max_batch_rows=2), lanes=Lanes(1))
-        blocker = asyncio.create_task(batcher.submit([[1] * 5]))
-        await asyncio.sleep(0.05)
-        # One round, two calls of two rows: [2, 3] in line, [6, 7] held.
-        first = asyncio.create_task(batcher.submit([[2] * 5, [3] * 5]))
-        gone = asyncio.create_task(batcher.submit([[6] * 5]))
-        kept = asyncio.create_task(batcher.submit([[7] * 5]))
-        await asyncio.sleep(0.05)
-        gone.cancel()
+        lanes = Lanes(1)
+        batcher = Batcher(engine, Policy(max_batch_rows=2), lanes=lanes)
+        try:
+            blocker = asyncio.create_task(batcher.submit([[1] * 5]))
+            await until(lambda: engine.seen == [1])  # on the lane
+            # One round, two calls of two rows: [2, 3] in line, [6, 7] held.
+            first = asyncio.create_task(batcher.submit([[2] * 5, [3] * 5]))
+            gone = asyncio.create_task(batcher.submit([[6] * 5]))
+            kept = asyncio.create_task(batcher.submit([[7] * 5]))
+            await until(lambda: lanes.held == lanes.slots and batcher.admission.waiting == 0)
+            gone.cancel()
+            await until(gone.done)
+        finally:
+            engine.finish(100)
         await asyncio.gather(blocker, first, kept)
         await batcher.close()
         return batcher.admission
@@ -365,11 +368,12 @@ def test_the_tokens_held_are_the_held_rows_tokens_after_every_call_rows_gone_inc
     request cut into three calls counts three."""
     from serving.batching import Lanes
 
-    engine = FakeEngine(delay_s=0.1)
+    engine = FakeEngine(gated=True)
     checked = []
 
     async def main():
-        batcher = Batcher(engine, Policy(max_batch_rows=1, round_tokens=20), lanes=Lanes(1))
+        lanes = Lanes(1)
+        batcher = Batcher(engine, Policy(max_batch_rows=1, round_tokens=20), lanes=lanes)
         next_call = batcher._next_call
 
         def checking():
@@ -379,13 +383,18 @@ def test_the_tokens_held_are_the_held_rows_tokens_after_every_call_rows_gone_inc
             return call
 
         batcher._next_call = checking
-        blocker = asyncio.create_task(batcher.submit([[1] * 5]))
-        await asyncio.sleep(0.02)
-        three = asyncio.create_task(batcher.submit([[2] * 5, [3] * 4, [4] * 3]))
-        gone = asyncio.create_task(batcher.submit([[5] * 2, [6] * 2]))
-        await asyncio.sleep(0.02)
-        gone.cancel()  # its rows are held: planned out when the lane frees
-        later = asyncio.create_task(batcher.submit([[7] * 6]))
+        try:
+            blocker = asyncio.create_task(batcher.submit([[1] * 5]))
+            await until(lambda: engine.seen == [1])  # on the lane
+            three = asyncio.create_task(batcher.submit([[2] * 5, [3] * 4, [4] * 3]))
+            gone = asyncio.create_task(batcher.submit([[5] * 2, [6] * 2]))
+            await until(lambda: lanes.held == lanes.slots and batcher.admission.waiting == 0)
+            gone.cancel()  # its rows are held: planned out when the lane frees
+            await until(gone.done)
+            later = asyncio.create_task(batcher.submit([[7] * 6]))
+            await until(lambda: batcher.admission.waiting == 6)  # queued behind them
+        finally:
+            engine.finish(100)
         await blocker
         (_, timing), _ = await asyncio.gather(three, later)
         await batcher.close()
@@ -473,15 +482,22 @@ def test_request_whose_deadline_passes_in_queue_is_dropped_before_the_engine() -
 
 
 def test_cancelled_request_is_not_computed() -> None:
-    engine = FakeEngine(delay_s=0.2)
+    engine = FakeEngine(gated=True)
 
     async def main():
         batcher = Batcher(engine, Policy())
-        first = asyncio.create_task(batcher.submit([[11, 1]]))
-        await asyncio.sleep(0.05)
-        gone = asyncio.create_task(batcher.submit([[33, 3]]))
-        await asyncio.sleep(0.01)
-        gone.cancel()
+        try:
+            first = asyncio.create_task(batcher.submit([[11, 1]]))
+            await until(lambda: engine.seen == [11])  # on the lane
+            gone = asyncio.create_task(batcher.submit([[33, 3]]))
+            # One step of the loop: the request is queued, and cancelled before the batcher's
+            # loop (woken by it) takes it from the queue.
+            await asyncio.sleep(0)
+            assert batcher.admission.waiting == 2  # its two tokens, in the queue
+            gone.cancel()
+            await until(gone.done)
+        finally:
+            engine.finish(100)
         await first
         kept = await batcher.submit([[44, 4]])
         await batcher.close()
@@ -568,7 +584,7 @@ def test_a_free_lane_takes_the_smallest_call_in_line() -> None:
     from serving.batching import Lanes
 
     order: list[str] = []
-    release = threading.Event()
+    started, release = threading.Event(), threading.Event()
 
     async def main():
         lanes = Lanes(1, "test-engine")
@@ -582,12 +598,13 @@ def test_a_free_lane_takes_the_smallest_call_in_line() -> None:
 
         def work(name: str) -> str:
             if name == "first":
+                started.set()
                 release.wait(5)
             order.append(name)
             return name
 
         lanes.run(lambda: work("first"), then, 100)
-        await asyncio.sleep(0.05)  # the lane busy with the first call
+        assert await asyncio.to_thread(started.wait, 5)  # the lane busy with the first call
         for name, size in (("big", 500), ("small", 10), ("big too", 500)):
             lanes.run(lambda name=name: work(name), then, size)
         release.set()
@@ -735,16 +752,19 @@ def test_a_lane_thread_that_cannot_start_fails_the_call_and_frees_its_slots(monk
 def test_one_lane_keeps_one_call_in_line_and_drops_it_if_its_caller_goes() -> None:
     """While a lane works, one more call waits in line (no gap between calls); a call in line
     whose requests have all gone is skipped before it costs engine time."""
-    engine = FakeEngine(delay_s=0.2)
+    engine = FakeEngine(gated=True)
 
     async def main():
         batcher = Batcher(engine, Policy(max_batch_rows=1))
-        first = asyncio.create_task(batcher.submit([[11, 1]]))
-        await asyncio.sleep(0.05)  # the first call is on the lane
-        gone = asyncio.create_task(batcher.submit([[33, 3]]))
-        await asyncio.sleep(0.05)  # in line behind it
-        assert batcher.lanes.held == 2
-        gone.cancel()
+        try:
+            first = asyncio.create_task(batcher.submit([[11, 1]]))
+            await until(lambda: engine.seen == [11])  # the first call is on the lane
+            gone = asyncio.create_task(batcher.submit([[33, 3]]))
+            await until(lambda: batcher.lanes.held == 2)  # in line behind it
+            gone.cancel()
+            await until(gone.done)
+        finally:
+            engine.finish(100)
         await first
         kept = await batcher.submit([[44, 4]])
         await batcher.close()
@@ -760,16 +780,23 @@ def test_admission_returns_to_zero_and_close_answers_calls_not_yet_placed() -> N
     answered (served or refused), none left waiting, and the admission's counts return to zero."""
     from serving.batching import Lanes
 
-    engine = FakeEngine(delay_s=0.1)
+    engine = FakeEngine(gated=True)
 
     async def main():
-        batcher = Batcher(engine, Policy(max_batch_rows=1), lanes=Lanes(1))
+        lanes = Lanes(1)
+        batcher = Batcher(engine, Policy(max_batch_rows=1), lanes=lanes)
+        engine.finish(3)
         served = await asyncio.gather(*(batcher.submit([[i + 1, 2]]) for i in range(3)))
         counts = (batcher.admission.waiting, batcher.admission.running)
         # three calls' worth of rows, one lane: the third is held when close() comes
         pending = asyncio.gather(batcher.submit([[7, 1], [8, 1], [9, 1]]), return_exceptions=True)
-        await asyncio.sleep(0.05)
-        await batcher.close()
+        try:
+            await until(lambda: engine.seen[-1] == 7 and lanes.held == lanes.slots)
+            closing = asyncio.create_task(batcher.close())
+            await until(lambda: batcher._task is None)  # placing no more: 9 stays held
+        finally:
+            engine.finish(100)
+        await closing
         outcome = await asyncio.wait_for(pending, timeout=5)
         return served, counts, outcome[0], batcher.admission
 

@@ -13,18 +13,26 @@ from services.tokenizer.coalesce import Coalescer, Embedded
 from services.tokenizer.settings import TokenizerSettings
 from serving.batching import Admission, TokenQueue
 from serving.errors import DeadlineExceeded, QueueFull
+from tests.waits import until
 
 
 class FakeRunner:
-    def __init__(self, delay_s: float = 0.02, fail: Exception | None = None) -> None:
+    def __init__(
+        self, delay_s: float = 0.02, fail: Exception | None = None, gated: bool = False
+    ) -> None:
         self.calls: list[int] = []
         self.budgets: list[float] = []
         self.delay_s = delay_s
         self.fail = fail
+        # Gated: each call, once made, waits until the test sets ``gate``: the test, not the
+        # host's speed, says when it ends.
+        self.gate = asyncio.Event() if gated else None
 
     async def embed(self, ids: list[list[int]], deadline_s: float) -> Embedded:
         self.calls.append(len(ids))
         self.budgets.append(deadline_s)
+        if self.gate is not None:
+            await self.gate.wait()
         await asyncio.sleep(self.delay_s)
         if self.fail:
             raise self.fail
@@ -222,40 +230,45 @@ def test_an_error_reaches_every_merged_request() -> None:
 
 
 def test_a_cancelled_request_is_not_sent() -> None:
-    runner = FakeRunner(delay_s=0.05)
+    runner = FakeRunner(delay_s=0, gated=True)
+    admission = Admission(max_queue_tokens=1000, deadline_s=60)
 
     async def main():
-        coalescer = coalescer_for(runner, max_inflight=1)
+        coalescer = coalescer_for(runner, max_inflight=1, admission=admission)
         first = asyncio.create_task(coalescer.embed([[1]]))
-        await asyncio.sleep(0.01)
+        await until(lambda: runner.calls == [1])  # sent; the one call in flight
         gone = asyncio.create_task(coalescer.embed([[2], [2]]))
-        await asyncio.sleep(0.01)
+        await until(lambda: admission.waiting == 2)  # queued behind it
         gone.cancel()
-        kept = await coalescer.embed([[3]])
+        await until(gone.done)  # its tokens stay counted until the queue is next taken from
+        kept = asyncio.create_task(coalescer.embed([[3]]))
+        await until(lambda: admission.waiting == 3)
+        runner.gate.set()
         await first
         with pytest.raises(asyncio.CancelledError):
             await gone
-        return kept
+        return await kept
 
     kept = asyncio.run(main())
     assert kept.vectors.tolist() == [[3, 1]]
     assert runner.calls == [1, 1]
+    assert admission.waiting == admission.running == 0
 
 
 def test_waiting_beyond_the_token_limit_is_refused_at_once_with_429() -> None:
-    runner = FakeRunner(delay_s=0.2)
+    runner = FakeRunner(delay_s=0, gated=True)
 
     async def main():
-        coalescer = coalescer_for(
-            runner, max_inflight=1, admission=Admission(max_queue_tokens=10, deadline_s=60)
-        )
+        admission = Admission(max_queue_tokens=10, deadline_s=60)
+        coalescer = coalescer_for(runner, max_inflight=1, admission=admission)
         first = asyncio.create_task(coalescer.embed([[1] * 4]))  # sent at once
-        await asyncio.sleep(0.01)
+        await until(lambda: runner.calls == [1])
         waiting = asyncio.create_task(coalescer.embed([[2] * 8]))  # waits: 8 tokens
-        await asyncio.sleep(0.01)
+        await until(lambda: admission.waiting == 8)
         with pytest.raises(QueueFull) as info:
             await coalescer.embed([[3] * 4])  # 8 + 4 > 10
         refused_before_first_answer = not first.done()  # at once: not after waiting its turn
+        runner.gate.set()
         await asyncio.gather(first, waiting)
         return info.value, refused_before_first_answer
 
@@ -281,23 +294,31 @@ def test_a_request_whose_deadline_passes_while_waiting_gets_503_and_is_not_sent(
     assert admission.waiting == 0 and admission.running == 0
 
 
-def test_the_runner_is_given_what_is_left_of_the_tightest_deadline() -> None:
-    runner = FakeRunner(delay_s=0.2)
+def test_the_runner_is_given_what_is_left_of_the_tightest_deadline(
+    now: list[float], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from serving.batching import queue
+
+    monkeypatch.setattr(queue, "clock", lambda: now[0])  # deadlines on the coalescer's clock
+    runner = FakeRunner(delay_s=0, gated=True)
 
     async def main():
         admission = Admission(max_queue_tokens=1000, deadline_s=5.0, tokens_per_s=1e9)
         coalescer = coalescer_for(runner, max_inflight=1, admission=admission)
         first = asyncio.create_task(coalescer.embed([[1]]))
-        await asyncio.sleep(0.01)
-        # Both wait for the first call; the second has a later deadline than the third would.
-        await asyncio.gather(first, coalescer.embed([[2]]), coalescer.embed([[3]]))
+        await until(lambda: runner.calls == [1])
+        # Both wait for the first call, then go out in one call.
+        later = [asyncio.create_task(coalescer.embed([[i]])) for i in (2, 3)]
+        await until(lambda: admission.waiting == 2)
+        now[0] += 0.2  # the first call took 0.2 s
+        runner.gate.set()
+        await asyncio.gather(first, *later)
 
     asyncio.run(main())
-    assert len(runner.budgets) == 2
-    first_budget, merged_budget = runner.budgets
-    assert 4.9 < first_budget <= 5.0  # sent at once: nearly the whole budget
-    # The merged call went out after waiting ~0.2 s for the first: that wait is not granted again.
-    assert merged_budget <= first_budget - 0.15
+    assert runner.calls == [1, 2]
+    # Sent at once: the whole budget. The merged call went out after waiting 0.2 s for the
+    # first: that wait is not granted again.
+    assert runner.budgets == pytest.approx([5.0, 4.8])
 
 
 def test_a_call_never_carries_more_sequences_than_a_runner_takes() -> None:
