@@ -70,6 +70,15 @@ def markdown(name: str, results: dict[str, dict[str, float]]) -> str:
     return "\n".join(lines)
 
 
+def positive(text: str) -> int:
+    """An argparse type: a whole number of at least 1 (ONNX Runtime reads 0 threads as "every
+    core", which is not what a parity run at a lane's width means)."""
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be 1 or more, not {value}")
+    return value
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m models.parity", description=__doc__.splitlines()[0]
@@ -78,7 +87,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=Path("build/parity.json"))
     parser.add_argument(
         "--threads",
-        type=int,
+        type=positive,
         default=2,
         help="each engine's threads (the runners' lanes run one-thread sessions)",
     )

@@ -5,7 +5,9 @@ head's scale, not to the logit's own value), while a cosine's stays absolute."""
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
+from models import parity
 from models.checks import FP32_MAX_DIFF, Checks, Run, parity_failure
 from serving.catalogue import ModelSpec
 
@@ -43,3 +45,11 @@ def test_a_head_is_held_to_its_largest_logit_and_a_small_head_or_a_cosine_to_the
     cosines = np.array([0.9, 0.2])  # never over 1: the bound is absolute
     figures = Fixed("embed", cosines).parity(lambda _: cosines + off)
     assert parity_failure("onnx", figures) is not None
+
+
+@pytest.mark.parametrize("threads", ["0", "-2", "two"])
+def test_threads_below_one_are_refused_before_any_model_is_read(threads: str, capsys) -> None:
+    with pytest.raises(SystemExit) as exited:
+        parity.main(["--catalogue", "/nonexistent/catalogue.yaml", "--threads", threads])
+    assert exited.value.code == 2  # argparse's usage error, before the catalogue is opened
+    assert "--threads" in capsys.readouterr().err
