@@ -81,6 +81,19 @@ def run(coro):
     return asyncio.run(coro)
 
 
+@pytest.fixture
+def now(monkeypatch: pytest.MonkeyPatch) -> list[float]:
+    """The batcher's clock (deadlines, and when each call began and ended), moved by the test
+    (``now[0]``), from 100.0."""
+    import serving.batching.batcher as batcher_module
+    from serving.batching import queue
+
+    at = [100.0]
+    for module in (queue, batcher_module):
+        monkeypatch.setattr(module, "clock", lambda: at[0])
+    return at
+
+
 def Policy(**overrides):
     """The runners' default policy (their settings hold the defaults), with some limits changed."""
     return RunnerSettings(**overrides).policy
@@ -272,18 +285,25 @@ def test_a_held_row_whose_caller_went_is_planned_out_of_the_call_it_was_cut_into
     assert (admission.waiting, admission.running) == (0, 0)
 
 
-def test_a_held_row_whose_deadline_passes_fails_its_request_unrun() -> None:
+def test_a_held_row_whose_deadline_passes_fails_its_request_unrun(now: list[float]) -> None:
     from serving.batching import Lanes
 
-    engine = FakeEngine(delay_s=0.3)
+    engine = FakeEngine(gated=True)
 
     async def main():
-        batcher = Batcher(engine, Policy(max_batch_rows=1), lanes=Lanes(1))
-        blocker = asyncio.create_task(batcher.submit([[1] * 5]))
-        await asyncio.sleep(0.05)
-        # one row in line, one held, both past the deadline when the lane frees
+        lanes = Lanes(1)
+        batcher = Batcher(engine, Policy(max_batch_rows=1), lanes=lanes)
+        try:
+            blocker = asyncio.create_task(batcher.submit([[1] * 5]))
+            await until(lambda: engine.seen == [1])  # on the lane
+            late = asyncio.create_task(batcher.submit([[2] * 5, [3] * 40], deadline_s=0.15))
+            # one row in line, one held, both past the deadline when the lane frees
+            await until(lambda: lanes.held == lanes.slots and batcher.admission.waiting == 0)
+            now[0] += 0.3
+        finally:
+            engine.finish(100)
         with pytest.raises(DeadlineExceeded):
-            await batcher.submit([[2] * 5, [3] * 40], deadline_s=0.15)
+            await late
         await blocker
         await batcher.close()
         return batcher.admission
@@ -463,15 +483,22 @@ def test_deadline_that_cannot_be_met_gives_503_at_once() -> None:
     assert sum(rows for rows, _ in engine.calls) == served
 
 
-def test_request_whose_deadline_passes_in_queue_is_dropped_before_the_engine() -> None:
-    engine = FakeEngine(delay_s=0.3)
+def test_request_whose_deadline_passes_in_queue_is_dropped_before_the_engine(
+    now: list[float],
+) -> None:
+    engine = FakeEngine(gated=True)
 
     async def main():
         batcher = Batcher(engine, Policy(deadline_s=10), tokens_per_s=1e9)
-        first = asyncio.create_task(batcher.submit([[11, 1]]))
-        await asyncio.sleep(0.05)  # the first call is on the engine now
-        late = batcher.submit([[22, 2]], deadline_s=0.1)
-        outcome = await asyncio.gather(late, return_exceptions=True)
+        try:
+            first = asyncio.create_task(batcher.submit([[11, 1]]))
+            await until(lambda: engine.seen == [11])  # the first call is on the engine now
+            late = asyncio.gather(batcher.submit([[22, 2]], deadline_s=0.1), return_exceptions=True)
+            await until(lambda: batcher.lanes.held == 2)  # in line behind it
+            now[0] += 0.3  # the first call outlasts its deadline
+        finally:
+            engine.finish(100)
+        outcome = await late
         await first
         await batcher.close()
         return outcome[0]

@@ -276,17 +276,25 @@ def test_waiting_beyond_the_token_limit_is_refused_at_once_with_429() -> None:
     assert error.status == 429 and error.retry_after >= 1 and at_once
 
 
-def test_a_request_whose_deadline_passes_while_waiting_gets_503_and_is_not_sent() -> None:
-    runner = FakeRunner(delay_s=0.3)
+def test_a_request_whose_deadline_passes_while_waiting_gets_503_and_is_not_sent(
+    now: list[float], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from serving.batching import queue
+
+    monkeypatch.setattr(queue, "clock", lambda: now[0])  # deadlines on the coalescer's clock
+    runner = FakeRunner(delay_s=0, gated=True)
 
     async def main():
         admission = Admission(max_queue_tokens=1000, deadline_s=0.1, tokens_per_s=1e9)
         coalescer = coalescer_for(runner, max_inflight=1, admission=admission)
         first = asyncio.create_task(coalescer.embed([[1]]))
-        await asyncio.sleep(0.01)
-        late = await asyncio.gather(coalescer.embed([[7, 7]]), return_exceptions=True)
+        await until(lambda: runner.calls == [1])
+        late = asyncio.gather(coalescer.embed([[7, 7]]), return_exceptions=True)
+        await until(lambda: admission.waiting == 2)
+        now[0] += 0.3  # the first call outlasts the waiting request's deadline
+        runner.gate.set()
         await first
-        return late[0], admission
+        return (await late)[0], admission
 
     outcome, admission = asyncio.run(main())
     assert isinstance(outcome, DeadlineExceeded) and outcome.status == 503
