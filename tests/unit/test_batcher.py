@@ -313,31 +313,39 @@ def test_a_held_row_whose_deadline_passes_fails_its_request_unrun(now: list[floa
     assert (admission.waiting, admission.running) == (0, 0)
 
 
-def test_held_rows_past_their_deadline_are_failed_before_they_are_cut_into_a_call() -> None:
+def test_held_rows_past_their_deadline_are_failed_before_they_are_cut_into_a_call(
+    now: list[float],
+) -> None:
     """Rows held for a free lane whose request's deadline has passed are refused when the next
     call is chosen: not cut into a call and handed to a lane to be skipped there (only the count
     of hand-offs tells the two apart: either way the request fails as late, unrun). All of the
     request's rows are held, none in line, so its outcome does not depend on which of an in-line
-    call's answer and the next choice comes first (the race the test above rests on); its
-    deadline passes ~0.45 s before the lane frees."""
+    call's answer and the next choice comes first (the test above: there either fails it)."""
     from serving.batching import Lanes
 
-    engine = FakeEngine(delay_s=0.6)
+    engine = FakeEngine(gated=True)
     recorder = Sheds()
 
     async def main():
-        batcher = Batcher(engine, Policy(max_batch_rows=1), lanes=Lanes(1), recorder=recorder)
+        lanes = Lanes(1)
+        batcher = Batcher(engine, Policy(max_batch_rows=1), lanes=lanes, recorder=recorder)
         handed = []
         run_on_lane = batcher.lanes.run
         batcher.lanes.run = lambda work, then, size=0: (
             handed.append(work),
             run_on_lane(work, then, size),
         )
-        blocker = asyncio.create_task(batcher.submit([[1] * 5]))
-        await asyncio.sleep(0.05)  # on the lane
-        # One round: the oldest row (the next call) goes in line, the late request's two are held.
-        in_line = asyncio.ensure_future(batcher.submit([[2] * 5]))
-        late = asyncio.ensure_future(batcher.submit([[3] * 5, [4] * 9], deadline_s=0.1))
+        try:
+            blocker = asyncio.create_task(batcher.submit([[1] * 5]))
+            await until(lambda: engine.seen == [1])  # on the lane
+            # One round: the oldest row (the next call) goes in line, the late request's two are
+            # held.
+            in_line = asyncio.ensure_future(batcher.submit([[2] * 5]))
+            late = asyncio.ensure_future(batcher.submit([[3] * 5, [4] * 9], deadline_s=0.1))
+            await until(lambda: lanes.held == lanes.slots and batcher.admission.waiting == 0)
+            now[0] += 0.3  # past the late request's deadline before the lane frees
+        finally:
+            engine.finish(100)
         outcome = await asyncio.gather(blocker, in_line, late, return_exceptions=True)
         await batcher.close()
         return outcome, len(handed), batcher.admission
@@ -365,14 +373,19 @@ def test_rows_held_over_half_a_round_are_planned_before_the_queue_is_taken_from(
         "plan",
         lambda lengths, *a, **k: plans.append(list(lengths)) or plan(lengths, *a, **k),
     )
-    engine = FakeEngine(delay_s=0.2)
+    engine = FakeEngine(gated=True)
 
     async def main():
-        batcher = Batcher(engine, Policy(max_batch_rows=1, round_tokens=20), lanes=Lanes(1))
-        # 20 tokens: one row on the lane, one in line, 10 tokens held (half the round)
-        whole = asyncio.create_task(batcher.submit([[i + 1] * 5 for i in range(4)]))
-        await asyncio.sleep(0.05)
-        later = asyncio.create_task(batcher.submit([[9] * 5]))
+        lanes = Lanes(1)
+        batcher = Batcher(engine, Policy(max_batch_rows=1, round_tokens=20), lanes=lanes)
+        try:
+            # 20 tokens: one row on the lane, one in line, 10 tokens held (half the round)
+            whole = asyncio.create_task(batcher.submit([[i + 1] * 5 for i in range(4)]))
+            await until(lambda: engine.seen == [1] and lanes.held == lanes.slots)
+            later = asyncio.create_task(batcher.submit([[9] * 5]))
+            await until(lambda: batcher.admission.waiting == 5)  # in the queue
+        finally:
+            engine.finish(100)
         await asyncio.gather(whole, later)
         await batcher.close()
 
