@@ -196,8 +196,10 @@ def main(argv: list[str] | None = None) -> int:
                         flush=True,
                     )
             settle(running)
-            longer = 1 if QUICK else BULK_LONGER  # a quick run's heads: a chat point's length
-            heads = tasks.measure(running[STACK], OUT, MIDDLE, args.seconds * longer, QUICK)
+            # A head's request carries a bulk request's inputs, so its point lasts a bulk
+            # point's length: in a chat point's, the users' first requests could all still be
+            # in flight when it ends, and the point would count none.
+            heads = tasks.measure(running[STACK], OUT, MIDDLE, args.seconds * BULK_LONGER, QUICK)
         if not QUICK:  # again at the end, the servers stopped, and the best of both kept
             end = measure_raw("end")
             raw = {backend: best_of(raw[backend], end[backend]) for backend in raw}
