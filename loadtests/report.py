@@ -122,10 +122,10 @@ def checked(results: dict) -> list[dict]:
 
 
 # How far a quick run's served figure may pass its raw limit before the limit is called wrong. A
-# quick run times each raw limit once, one plan of each kind (the embedding rows' at its start, ~300
-# texts), so a shared host's slower minute there can leave it a few percent under a served point;
-# a limit that is wrong (a plan, a thread layout or inputs not the stack's) misses by more. A full
-# run, the one recorded, allows nothing.
+# quick run times one plan of each kind on ~300 texts (the embedding rows' at its start and its
+# end, the best kept; a head's once), so a shared host's slower minutes can leave it a few percent
+# under a served point; a limit that is wrong (a plan, a thread layout or inputs not the stack's)
+# misses by more. A full run, the one recorded, allows nothing.
 QUICK_SLACK = 0.2
 
 

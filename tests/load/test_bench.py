@@ -125,6 +125,10 @@ def test_raw_is_the_limit_of_every_served_figure_of_its_backend_within_a_quick_r
             k.startswith("tokens") for k in plans
         )
         assert data["raw"][backend]["sentences_per_s"] == max(plans.values())
+        # measured at the run's start and at its end (each plan's best kept), a quick run too
+        runs = data["raw"][backend]["runs"]
+        assert len(runs) == 2
+        assert all(plans[p] == max(r["by_plan"][p] for r in runs) for p in plans)
         # both thread layouts, one session on every core and one per core (the stack's lanes)
         assert {k.split(", ")[1] for k in plans} == {"1 session", "2 lanes"}
 
