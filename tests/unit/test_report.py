@@ -95,9 +95,10 @@ def test_a_served_figure_above_its_own_backend_s_raw_is_named_as_a_wrong_limit()
 
 
 def test_a_quick_run_calls_a_limit_wrong_only_beyond_its_slack() -> None:
-    """A quick run's raw is one measurement at its start: a served figure up to ``QUICK_SLACK``
-    above it is within that measurement's reach, beyond it the limit is wrong; a full run allows
-    nothing, and a caller may ask for the strict list of a quick run."""
+    """A quick run's raw is one timing of a plan of each kind at its start and at its end: a
+    served figure up to ``QUICK_SLACK`` above it is within those timings' reach, beyond it the
+    limit is wrong; a full run allows nothing, and a caller may ask for the strict list of a
+    quick run."""
     run = results()
     stack = next(r for r in run["rows"] if (r["system"], r["workload"]) == (STACK, "bulk"))
     stack["sentences_per_s"] = 1000.0 * (1 + QUICK_SLACK)
