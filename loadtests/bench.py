@@ -196,13 +196,11 @@ def main(argv: list[str] | None = None) -> int:
                         flush=True,
                     )
             settle(running)
-            # A head's request carries a bulk request's inputs, so its point lasts a bulk
-            # point's length: in a chat point's, the users' first requests could all still be
-            # in flight when it ends, and the point would count none.
+            # A head's request carries a bulk request's inputs: a chat point's length could end
+            # with the users' first requests all in flight, counting none.
             heads = tasks.measure(running[STACK], OUT, MIDDLE, args.seconds * BULK_LONGER, QUICK)
-        # Again at the end, the servers stopped, and each plan's best of both kept: a slower
-        # minute only ever lowers a measurement, and a quick run's, one timing of each plan, is
-        # the easiest for one to lower below what the stack then serves.
+        # Again at the end, the servers stopped, each plan's best of both kept: a slower minute
+        # only lowers a measurement, and a quick run's single timings the most easily.
         end = measure_raw("end")
         raw = {backend: best_of(raw[backend], end[backend]) for backend in raw}
         several = isolation.measure(OUT, args.seconds * (1 if QUICK else 2))

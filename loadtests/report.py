@@ -121,11 +121,10 @@ def checked(results: dict) -> list[dict]:
     return targets(results["rows"], results["ratios"], sorted(meta["users"]), meta["middle"])
 
 
-# How far a quick run's served figure may pass its raw limit before the limit is called wrong. A
-# quick run times one plan of each kind on ~300 texts (the embedding rows' at its start and its
-# end, the best kept; a head's once), so a shared host's slower minutes can leave it a few percent
-# under a served point; a limit that is wrong (a plan, a thread layout or inputs not the stack's)
-# misses by more. A full run, the one recorded, allows nothing.
+# How far a quick run's served figure may pass its raw limit before the limit is called wrong: its
+# one timing of a plan of each kind on ~300 texts (the embedding rows' at start and end, the best
+# kept) can fall a few percent under a served point in a shared host's slower minutes; a wrong
+# limit (a plan, thread layout or inputs not the stack's) misses by more. A full run allows none.
 QUICK_SLACK = 0.2
 
 
