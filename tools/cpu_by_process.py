@@ -38,7 +38,7 @@ GROUPS = (
     (r"bentoml (build|containerize)|-m deploy\.bentos\b", "bento builds"),
     (r"\bpip\b|pip_compileall|^\S*/?uv\b", "package installs (bytecode compiled)"),
     (r"\b(mypy|pylint|ruff|lint-imports)\b", "lint"),
-    (r"^\S*/?(wrk|locust)\b|-m locust\b", "load generators"),
+    (r"^\S*/?(wrk|locust)\b|/locust\s|-m locust\b", "load generators"),
     (
         r"^\S*/?(dockerd|containerd\S*|runc|docker\S*)\b|docker-compose",
         "Docker's engine, CLI, image builds",

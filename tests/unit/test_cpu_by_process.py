@@ -40,6 +40,7 @@ OTHER_PYTHON = "other Python (tests' servers, clients, probes)"
         # tools the tests run, on files in pytest's temporary folder
         ("/tmp/v/bin/python -m models.parity --catalogue /tmp/pytest-of-root/pytest-9/c0/c.yaml", "model builds and parity runs"),
         ("/usr/bin/wrk -t1 -c8 -d3s -s /tmp/pytest-of-root/pytest-9/bench0/bodies.lua http://x", "load generators"),
+        ("/v/bin/python /v/bin/locust -f loadtests/locustfile.py --headless", "load generators"),
         (".venv/bin/uv pip install -q --compile-bytecode -e .", "package installs (bytecode compiled)"),
         ("/v/bin/python /root/.cache/uv/.tmpX/pip_compileall.py", "package installs (bytecode compiled)"),
         ("/usr/sbin/dockerd --data-root /var/lib/x", "Docker's engine, CLI, image builds"),
