@@ -119,8 +119,9 @@ def table(machine: dict[str, float], seen: dict[tuple[int, float], Seen]) -> str
     for process in seen.values():
         used = process.cpu - process.cpu_at_start
         if used > 0:
-            cpu[group(process.cmdline)] += used
-            count[group(process.cmdline)] += 1
+            name = group(process.cmdline)
+            cpu[name] += used
+            count[name] += 1
     most_first = sorted(cpu.items(), key=lambda item: -item[1])
     wall, busy, total = machine["wall_s"], machine["busy_s"], sum(cpu.values())
     lines = [
