@@ -98,7 +98,7 @@ def test_a_process_alive_before_the_run_counts_only_what_it_used_during_it() -> 
     ]
 
 
-def test_a_signal_that_ends_the_command_is_its_status_as_a_shell_gives_it(tmp_path: Path) -> None:
+def test_a_signal_that_ends_the_command_is_its_status_as_a_shell_gives_it() -> None:
     kill = "import os, signal; os.kill(os.getpid(), signal.SIGKILL)"
     assert main(["--interval", "0.05", "--", sys.executable, "-c", kill]) == 137
 
